@@ -1,0 +1,3 @@
+"""Websocket routes of the dashboard."""
+
+websocket_urlpatterns: list = []

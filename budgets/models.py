@@ -1,0 +1,1 @@
+"""Budget policies, day counters and refusals (see budgets/README.md)."""

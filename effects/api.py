@@ -1,0 +1,471 @@
+"""REST API of the registry, sessions and effects (DESIGN.md's API contract)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.viewsets import ViewSet
+
+from effects import intercept as pipeline
+from effects import longpoll
+from effects.models import (
+    CompensationFunction,
+    Effect,
+    Session,
+    Tier,
+    Tool,
+    UndoEntry,
+    validate_semver,
+)
+from orgs.auth import IsAgent, IsAgentOrMember, caller_of, role_required
+from orgs.models import Agent
+from undolog_site.errors import DomainError, Invalid, NotFound
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown fields are an error, not silently dropped: a typo must not disable a setting."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = set(data) - set(self.fields)
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
+        return super().to_internal_value(data)
+
+
+def semver(value: str) -> str:
+    try:
+        validate_semver(value)
+    except Exception as exc:  # ValidationError from Django; DRF wants its own
+        raise serializers.ValidationError(str(exc.messages[0] if hasattr(exc, "messages") else exc)) from None
+    return value
+
+
+class IsAgentOrAdmin(IsAgentOrMember):
+    """Agents of the org may register their own tools; people need the admin role."""
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return super().has_permission(request, view)
+        return IsAgent().has_permission(request, view) or role_required("admin")().has_permission(request, view)
+
+
+# ---------------------------------------------------------------- compensation registry
+
+
+class CompensationSerializer(StrictSerializer):
+    fn_name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+    fn_version = serializers.CharField(max_length=64, validators=[semver])
+    handler = serializers.ChoiceField(choices=CompensationFunction.Handler.choices)
+    target = serializers.CharField(max_length=500)
+    timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict) -> dict:
+        from approvals.webhooks import check_target  # SSRF rule lives with the deliverer
+
+        if attrs["handler"] == CompensationFunction.Handler.WEBHOOK:
+            problem = check_target(attrs["target"])
+            if problem:
+                raise serializers.ValidationError({"target": [problem]})
+        elif not all(part.isidentifier() for part in attrs["target"].split(".")) or "." not in attrs["target"]:
+            raise serializers.ValidationError({"target": ["A dotted path to a callable, like pkg.module.undo."]})
+        return attrs
+
+
+def compensation_dict(fn: CompensationFunction) -> dict[str, Any]:
+    return {"id": fn.pk, "fn_name": fn.fn_name, "fn_version": fn.fn_version, "handler": fn.handler,
+            "target": fn.target, "timeout_ms": fn.timeout_ms, "description": fn.description}
+
+
+class CompensationsView(APIView):
+    permission_classes = [IsAgentOrAdmin]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        fns = CompensationFunction.objects.filter(org=caller_of(request).org)
+        return Response({"compensations": [compensation_dict(fn) for fn in fns]})
+
+    @extend_schema(request=CompensationSerializer, responses={201: dict, 200: dict})
+    def post(self, request: Request) -> Response:
+        data = _validated(CompensationSerializer, request.data)
+        fn, created = CompensationFunction.objects.update_or_create(
+            org=caller_of(request).org, fn_name=data["fn_name"], fn_version=data["fn_version"],
+            defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "description")},
+        )
+        return Response(compensation_dict(fn), status=201 if created else 200)
+
+
+# ---------------------------------------------------------------- tools
+
+
+class CompensationDescriptorSerializer(StrictSerializer):
+    fn_name = serializers.CharField(max_length=100)
+    fn_version = serializers.CharField(max_length=64, validators=[semver])
+    args = serializers.DictField(required=False, default=dict)
+    max_retries = serializers.IntegerField(min_value=0, max_value=20, default=3)
+    retry_backoff_ms = serializers.IntegerField(min_value=0, max_value=3_600_000, default=1000)
+
+
+class ApprovalMetaSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=2000, allow_blank=True, trim_whitespace=True)
+    risk_tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list,
+                                      max_length=20)
+    estimated_impact = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True,
+                                         default=None)
+    auto_approve_on_timeout = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+class ExecutorSerializer(StrictSerializer):
+    url = serializers.CharField(max_length=500)
+    timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=10000)
+
+
+class AnnotationsSerializer(StrictSerializer):
+    title = serializers.CharField(required=False, allow_blank=True)
+    readOnlyHint = serializers.BooleanField(required=False)  # noqa: N815 (MCP's spelling)
+    destructiveHint = serializers.BooleanField(required=False)  # noqa: N815
+    idempotentHint = serializers.BooleanField(required=False)  # noqa: N815
+    openWorldHint = serializers.BooleanField(required=False)  # noqa: N815
+
+
+class ToolSerializer(StrictSerializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.:/-]{1,200}$")
+    tier = serializers.ChoiceField(choices=Tier.choices)
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
+    cost_weight = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, default=1,
+                                           coerce_to_string=False)
+    irreversible = serializers.BooleanField(required=False, allow_null=True, default=None)
+    annotations = AnnotationsSerializer(required=False)
+    compensation = CompensationDescriptorSerializer(required=False, allow_null=True)
+    approval = ApprovalMetaSerializer(required=False, allow_null=True)
+    executor = ExecutorSerializer(required=False, allow_null=True)
+
+    def validate(self, attrs: dict) -> dict:
+        tier = attrs["tier"]
+        if tier == Tier.COMPENSABLE and not attrs.get("compensation"):
+            raise serializers.ValidationError({"compensation": ["A compensable tool needs a compensation "
+                                                                "descriptor (fn_name, fn_version, args)."]})
+        if tier != Tier.COMPENSABLE and attrs.get("compensation"):
+            raise serializers.ValidationError({"compensation": [f"A {tier} tool has no compensation."]})
+        if tier == Tier.IRREVERSIBLE and not (attrs.get("approval") or {}).get("reason", "").strip():
+            raise serializers.ValidationError({"approval": ["An irreversible tool needs approval.reason "
+                                                            "(shown to the reviewer)."]})
+        if tier != Tier.IRREVERSIBLE and (attrs.get("approval") or attrs.get("executor")):
+            raise serializers.ValidationError({"approval": [f"Only irreversible tools take approval or executor "
+                                                            f"settings, not {tier} ones."]})
+        executor = attrs.get("executor")
+        if executor:
+            from approvals.webhooks import check_target
+
+            problem = check_target(executor["url"])
+            if problem:
+                raise serializers.ValidationError({"executor": {"url": [problem]}})
+        return attrs
+
+
+class ToolListSerializer(StrictSerializer):
+    tools = ToolSerializer(many=True, allow_empty=False, max_length=500)
+
+    def validate_tools(self, tools: list[dict]) -> list[dict]:
+        names = [tool["name"] for tool in tools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise serializers.ValidationError(f"Tool names appear twice: {', '.join(duplicates)}.")
+        return tools
+
+
+def tool_dict(tool: Tool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": str(tool.id), "name": tool.name, "tier": tool.tier, "description": tool.description,
+        "cost_weight": float(tool.cost_weight), "irreversible": tool.irreversible,
+        "annotations": tool.annotations,
+    }
+    if tool.tier == Tier.COMPENSABLE and tool.compensation_fn:
+        body["compensation"] = {"fn_name": tool.compensation_fn.fn_name,
+                                "fn_version": tool.compensation_fn.fn_version,
+                                "args": tool.compensation_args, "max_retries": tool.max_retries,
+                                "retry_backoff_ms": tool.retry_backoff_ms}
+    if tool.tier == Tier.IRREVERSIBLE:
+        body["approval"] = {"reason": tool.approval_reason, "risk_tags": tool.risk_tags,
+                            "estimated_impact": tool.estimated_impact, "timeout_s": tool.approval_timeout_s,
+                            "auto_approve_on_timeout": tool.auto_approve_on_timeout}
+        if tool.executor_url:
+            body["executor"] = {"url": tool.executor_url, "timeout_ms": tool.executor_timeout_ms}
+    return body
+
+
+def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -> dict[str, Any]:
+    compensation, approval = spec.get("compensation") or {}, spec.get("approval") or {}
+    executor = spec.get("executor") or {}
+    irreversible = spec["irreversible"]
+    return {
+        "tier": spec["tier"], "description": spec["description"], "cost_weight": spec["cost_weight"],
+        "irreversible": spec["tier"] == Tier.IRREVERSIBLE if irreversible is None else irreversible,
+        "annotations": spec.get("annotations") or {},
+        "compensation_fn": fns.get((compensation.get("fn_name"), compensation.get("fn_version"))),
+        "compensation_args": compensation.get("args", {}),
+        "max_retries": compensation.get("max_retries", 3),
+        "retry_backoff_ms": compensation.get("retry_backoff_ms", 1000),
+        "approval_reason": approval.get("reason", ""), "risk_tags": approval.get("risk_tags", []),
+        "estimated_impact": approval.get("estimated_impact", ""),
+        "approval_timeout_s": approval.get("timeout_s"),
+        "auto_approve_on_timeout": approval.get("auto_approve_on_timeout"),
+        "executor_url": executor.get("url", ""), "executor_timeout_ms": executor.get("timeout_ms", 10000),
+    }
+
+
+class ToolsView(APIView):
+    permission_classes = [IsAgentOrAdmin]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        tools = Tool.objects.for_org(caller_of(request).org).select_related("compensation_fn")
+        return Response({"tools": [tool_dict(tool) for tool in tools]})
+
+    @extend_schema(request=ToolListSerializer, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        """Register or update a list of tools: all of them, or none."""
+        org = caller_of(request).org
+        specs = _validated(ToolListSerializer, request.data)["tools"]
+        fns = self._compensation_functions(org, specs)
+        with transaction.atomic():
+            saved = []
+            for spec in specs:
+                tool, _ = Tool.objects.update_or_create(org=org, name=spec["name"], defaults=_tool_fields(spec, fns))
+                saved.append(tool)
+        return Response({"tools": [tool_dict(tool) for tool in saved]})
+
+    @staticmethod
+    def _compensation_functions(org, specs: list[dict]) -> dict[tuple[str, str], CompensationFunction]:
+        wanted = {(s["compensation"]["fn_name"], s["compensation"]["fn_version"]) for s in specs
+                  if s.get("compensation")}
+        names = {name for name, _ in wanted}
+        fns = {(fn.fn_name, fn.fn_version): fn for fn in
+               CompensationFunction.objects.filter(org=org, fn_name__in=names)}
+        errors = {}
+        for n, spec in enumerate(specs):
+            key = (spec["compensation"]["fn_name"], spec["compensation"]["fn_version"]) if spec.get("compensation") \
+                else None
+            if key and key not in fns:
+                errors[f"tools[{n}].compensation"] = (f"{key[0]}@{key[1]} is not in the compensation registry: "
+                                                      f"register it with POST /api/v1/compensations first.")
+        if errors:
+            raise Invalid(errors, next(iter(errors.values())))
+        return fns
+
+
+def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict:
+    if not isinstance(data, dict):
+        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+# ---------------------------------------------------------------- sessions
+
+
+class SessionCreateSerializer(StrictSerializer):
+    agent = serializers.CharField(max_length=100)
+    metadata = serializers.DictField(required=False, default=dict)
+
+
+class FailSerializer(StrictSerializer):
+    error = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+
+
+def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": str(session.id), "agent": session.agent.name, "state": session.state,
+        "step_index": session.step_index, "metadata": session.metadata, "error": session.error or None,
+        "created": session.created.isoformat(), "updated": session.updated.isoformat(),
+        "ended_at": session.ended_at.isoformat() if session.ended_at else None,
+    }
+    if full:
+        effects = list(session.effects.all())
+        entries = list(UndoEntry.objects.filter(session=session).lifo().prefetch_related("attempt_log"))
+        body["effects"] = [effect.as_dict() for effect in effects]
+        body["undo_stack"] = [{**entry.as_dict(), "attempt_log": [a.as_dict() for a in entry.attempt_log.all()]}
+                              for entry in entries]
+        body["budget"] = {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
+                          "cost": float(session.cost), "tool_counts": session.tool_counts,
+                          "violation": session.violation}
+    return body
+
+
+def sessions_for(request: Request):
+    caller = caller_of(request)
+    sessions = Session.objects.filter(org=caller.org).select_related("agent")
+    return sessions.filter(agent=caller.agent) if caller.agent else sessions
+
+
+class SessionViewSet(ViewSet):
+    """Runs of an agent: open, intercept calls, complete or fail."""
+
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def get_permissions(self):
+        if self.action in ("create", "intercept", "complete"):
+            return [IsAgent()]
+        if self.action == "fail":
+            return [IsAgentOrReviewer()]
+        return [IsAgentOrMember()]
+
+    def _get(self, request: Request, pk: str) -> Session:
+        session = sessions_for(request).filter(pk=pk).first()
+        if session is None:
+            raise NotFound("No such session.", code="session_not_found")
+        return session
+
+    @extend_schema(request=SessionCreateSerializer, responses={201: dict})
+    def create(self, request: Request) -> Response:
+        data = _validated(SessionCreateSerializer, request.data)
+        agent: Agent = request.user.agent
+        if data["agent"] != agent.name:
+            raise NotFound(f"No agent named {data['agent']!r} for this key (the key belongs to {agent.name!r}).",
+                           code="agent_not_found")
+        if agent.state != Agent.State.ACTIVE:
+            raise DomainError(f"The agent {agent.name} is {agent.state}; a reviewer must resume it.",
+                              code="agent_suspended", status_code=423,
+                              reason=agent.suspend_reason or agent.state, state=agent.state)
+        session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"])
+        return Response(session_dict(session), status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(session_dict(self._get(request, pk), full=True))
+
+    @extend_schema(responses={200: dict})
+    def list(self, request: Request) -> Response:
+        sessions = sessions_for(request)
+        state = request.query_params.get("state")
+        if state:
+            sessions = sessions.filter(state=state)
+        return Response({"sessions": [session_dict(s) for s in sessions.order_by("-created")[:100]]})
+
+    @extend_schema(request=dict, responses={201: dict, 202: dict, 200: dict, 429: dict})
+    @action(detail=True, methods=["post"])
+    def intercept(self, request: Request, pk: str) -> Response:
+        call = pipeline.parse(request.data)
+        answer = pipeline.intercept(request.user.agent, pk, call)
+        return Response(answer.body, status=answer.status)
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def complete(self, request: Request, pk: str) -> Response:
+        session = self._get(request, pk)
+        session.complete(actor=caller_of(request).label)
+        return Response({"session": session_dict(session)})
+
+    @extend_schema(request=FailSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def fail(self, request: Request, pk: str) -> Response:
+        data = _validated(FailSerializer, request.data or {})
+        session = self._get(request, pk)
+        session.fail(data["error"], actor=caller_of(request).label)
+        return Response({"session": session_dict(session)})
+
+
+class IsAgentOrReviewer(IsAgentOrMember):
+    def has_permission(self, request, view) -> bool:
+        return IsAgent().has_permission(request, view) or role_required("reviewer")().has_permission(request, view)
+
+
+# ---------------------------------------------------------------- effects
+
+
+class CommitSerializer(StrictSerializer):
+    result = serializers.JSONField(required=False, allow_null=True, default=None)
+
+
+class EffectFailSerializer(StrictSerializer):
+    error = serializers.CharField(max_length=10_000)
+
+
+def effects_for(request: Request):
+    caller = caller_of(request)
+    effects = Effect.objects.for_org(caller.org)
+    return effects.filter(session__agent=caller.agent) if caller.agent else effects
+
+
+class EffectViewSet(ViewSet):
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def get_permissions(self):
+        if self.action in ("commit", "fail"):
+            return [IsAgent()]
+        return [IsAgentOrMember()]
+
+    def _get(self, request: Request, pk: str) -> Effect:
+        effect = effects_for(request).filter(pk=pk).first()
+        if effect is None:
+            raise NotFound("No such effect.", code="effect_not_found")
+        return effect
+
+    @extend_schema(parameters=[OpenApiParameter("wait", int, description="Long-poll up to this many seconds "
+                                                "(at most 60) while the effect is pending or approved.")],
+                   responses={200: dict})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        effect = self._get(request, pk)
+        wait = _wait_seconds(request)
+        if wait and effect.state in (Effect.State.PENDING, Effect.State.EXECUTING, Effect.State.APPROVED):
+            seen = effect.state
+
+            def changed() -> bool:
+                return Effect.objects.filter(pk=effect.pk).exclude(state=seen).exists()
+
+            longpoll.wait(effect.pk, wait, changed)
+            effect.refresh_from_db()
+        return Response({"effect": _effect_body(effect)})
+
+    @extend_schema(request=CommitSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def commit(self, request: Request, pk: str) -> Response:
+        data = _validated(CommitSerializer, request.data if request.data != {} else {})
+        effect = self._get(request, pk)
+        effect.commit(data["result"], actor=caller_of(request).label)
+        return Response({"effect": effect.as_dict()})
+
+    @extend_schema(request=EffectFailSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def fail(self, request: Request, pk: str) -> Response:
+        data = _validated(EffectFailSerializer, request.data)
+        effect = self._get(request, pk)
+        effect.fail(data["error"], actor=caller_of(request).label)
+        return Response({"effect": effect.as_dict()})
+
+
+def _effect_body(effect: Effect) -> dict[str, Any]:
+    body = effect.as_dict()
+    if effect.tier == Tier.IRREVERSIBLE:
+        from approvals.models import ApprovalRequest
+
+        approval = ApprovalRequest.objects.filter(effect=effect).first()
+        if approval is not None:
+            body["approval"] = {**approval.summary(), "decided_by": approval.decided_by_label or None,
+                                "reason": approval.decision_reason or None}
+    return body
+
+
+def _wait_seconds(request: Request) -> float:
+    raw = request.query_params.get("wait")
+    if raw in (None, ""):
+        return 0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Invalid({"wait": "Must be a number of seconds."}, "wait must be a number of seconds.") from None
+    if not 0 <= value <= 60:
+        raise Invalid({"wait": "Must be between 0 and 60."}, "wait must be between 0 and 60 seconds.")
+    return value
+
+

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EffectsConfig(AppConfig):
+    name = "effects"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,277 @@
+"""The intercept pipeline: one database transaction per intercepted call (DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from approvals.models import ApprovalRequest
+from budgets import guard
+from effects.models import (
+    Effect,
+    SafeCall,
+    Session,
+    Tier,
+    Tool,
+    UndoEntry,
+    canonical_json,
+    render_template,
+    sha256,
+)
+from orgs.models import Agent
+from undolog_site.errors import Conflict, DomainError, Invalid, NotFound
+
+ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
+SAFE_CALL_FIELDS = {"tool", "step_index", "args"}
+MAX_SAFE_CALLS = 1000
+MAX_REASONING = 20_000
+
+
+@dataclass
+class ReportedSafeCall:
+    tool: str
+    step_index: int
+    args: dict
+
+
+@dataclass
+class Call:
+    """A validated intercept request."""
+
+    tool: str
+    args: dict
+    step_index: int
+    reasoning: str = ""
+    idempotency_key: str = ""
+    safe_calls: list[ReportedSafeCall] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31 - 1
+
+
+def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_SAFE_CALLS:
+        errors["safe_calls"] = f"Must be a list of at most {MAX_SAFE_CALLS} {{tool, step_index, args}} objects."
+        return []
+    calls = []
+    for n, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - SAFE_CALL_FIELDS:
+            errors[f"safe_calls[{n}]"] = "Must be an object with tool, step_index and optional args."
+        elif not isinstance(item.get("tool"), str) or not item["tool"] or not _is_index(item.get("step_index")):
+            errors[f"safe_calls[{n}]"] = "tool must be a non-empty string and step_index a non-negative integer."
+        elif not isinstance(item.get("args", {}), dict):
+            errors[f"safe_calls[{n}]"] = "args must be an object."
+        else:
+            calls.append(ReportedSafeCall(item["tool"], item["step_index"], item.get("args", {})))
+    return calls
+
+
+def parse(data: Any) -> Call:
+    """Validate the body by hand: the hot path skips DRF serializers."""
+    if not isinstance(data, dict):
+        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
+    errors: dict[str, str] = {}
+    unknown = set(data) - ALLOWED_FIELDS
+    if unknown:
+        errors.update(dict.fromkeys(sorted(unknown), "Unknown field."))
+    tool, args, step = data.get("tool"), data.get("args", {}), data.get("step_index")
+    if not isinstance(tool, str) or not tool.strip() or len(tool) > 200:
+        errors["tool"] = "A tool name (a non-empty string of at most 200 characters) is required."
+    if not isinstance(args, dict):
+        errors["args"] = "Must be a JSON object of the call's arguments."
+    elif len(canonical_json(args).encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
+        errors["args"] = f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
+    if not _is_index(step):
+        errors["step_index"] = "A non-negative integer is required."
+    reasoning, key = data.get("reasoning") or "", data.get("idempotency_key") or ""
+    if not isinstance(reasoning, str) or len(reasoning) > MAX_REASONING:
+        errors["reasoning"] = f"Must be a string of at most {MAX_REASONING} characters."
+    if not isinstance(key, str) or len(key) > 200:
+        errors["idempotency_key"] = "Must be a string of at most 200 characters."
+    safe_calls = _parse_safe_calls(data.get("safe_calls"), errors)
+    if errors:
+        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
+    return Call(tool=tool, args=args, step_index=step, reasoning=reasoning, idempotency_key=key,
+                safe_calls=safe_calls)
+
+
+def call_signature(session: Session, call: Call) -> str:
+    if call.idempotency_key:
+        return sha256(canonical_json([str(session.id), "idempotency_key", call.idempotency_key]))
+    return sha256(canonical_json([str(session.id), call.tool, call.args]))
+
+
+def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:
+    """Run one call through the pipeline; a lost race on the unique signature replays."""
+    try:
+        with transaction.atomic():
+            return _pipeline(agent, session_id, call)
+    except IntegrityError:
+        # Another request inserted the same signature first (the unique constraint held).
+        with transaction.atomic():
+            session = _lock_session(agent, session_id)
+            existing = Effect.objects.filter(session=session, call_signature=call_signature(session, call)).first()
+            if existing is None:
+                raise
+            return _replay(existing, call)
+
+
+def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
+    """1. The session must be the agent's; lock it (serialises this session's calls).
+    2. Record and charge the reported SAFE calls (deduplicated by step).
+    3. Same signature seen before: replay it, never execute twice.
+    4. The session must be running and the agent active; the tool registered, not SAFE.
+    5. Budget first: a call over a limit is refused, recorded, and not counted.
+    6. Compensable: effect `executing` and its undo entry, before the answer goes out.
+    7. Irreversible: effect `pending`, its approval request, session `awaiting_approval`.
+    """
+    session = _lock_session(agent, session_id)
+    names = {call.tool} | {safe.tool for safe in call.safe_calls}
+    tools = {tool.name: tool for tool in Tool.objects.for_org(agent.org_id).select_related("compensation_fn")
+             .filter(name__in=names)}
+    _record_safe_calls(session, call.safe_calls, tools)
+    signature = call_signature(session, call)
+    existing = Effect.objects.filter(session=session, call_signature=signature).first()
+    if existing is not None:
+        if call.safe_calls:
+            session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return _replay(existing, call)
+    _check_open(agent, session)
+    tool = _tool_for(call, tools)
+    session.step_index = max(session.step_index, call.step_index)
+    refusal = guard.admit(session, tool, call)
+    if refusal is not None:
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return Answer(429, refusal)
+    effect = _insert_effect(session, tool, call, signature)
+    if tool.tier == Tier.COMPENSABLE:
+        entry = _push_undo(session, tool, effect)
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
+    approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect))
+    session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+    session.await_approval(actor=f"agent:{agent.name}")
+    from approvals import notify
+
+    notify.approval_requested(approval)
+    return Answer(202, {"decision": "await_approval", "effect": effect.as_dict(), "approval": approval.summary()})
+
+
+def _lock_session(agent: Agent, session_id: Any) -> Session:
+    # FOR UPDATE: calls of one session are checked one by one (the guide's "parallel calls are
+    # checked one by one"), so run counters and the replay lookup never race.
+    session = Session.objects.select_for_update().filter(pk=session_id, agent=agent).first()
+    if session is None:
+        raise NotFound("No such session for this agent.", code="session_not_found")
+    return session
+
+
+def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools: dict[str, Tool]) -> None:
+    if not reported:
+        return
+    # A retried request reports the same SAFE calls again; a step is charged once.
+    seen = set(SafeCall.objects.filter(session=session, step_index__in=[c.step_index for c in reported])
+               .values_list("step_index", flat=True))
+    fresh = {c.step_index: c for c in reported if c.step_index not in seen}
+    if not fresh:
+        return
+    SafeCall.objects.bulk_create(
+        SafeCall(session=session, tool_name=c.tool, step_index=c.step_index, args=c.args) for c in fresh.values())
+    for safe in fresh.values():
+        guard.charge_safe_call(session, tools.get(safe.tool), safe.tool)
+    session.step_index = max(session.step_index, *fresh)
+
+
+def _replay(existing: Effect, call: Call) -> Answer:
+    if call.idempotency_key and (existing.tool_name != call.tool or
+                                 existing.args_digest != sha256(canonical_json(call.args))):
+        raise Conflict("This idempotency_key was already used for a different call.",
+                       code="idempotency_key_reused", effect=existing.as_dict())
+    body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
+    if existing.tier == Tier.IRREVERSIBLE:
+        approval = ApprovalRequest.objects.filter(effect=existing).first()
+        if approval is not None:
+            body["approval"] = approval.summary()
+            if approval.decision_reason:
+                body["reason"] = approval.decision_reason
+    return Answer(200, body)
+
+
+def _check_open(agent: Agent, session: Session) -> None:
+    if session.state == Session.State.AWAITING_APPROVAL:
+        pending = ApprovalRequest.objects.filter(session=session).pending().first()
+        raise Conflict("The session is waiting for a reviewer's decision on an irreversible call.",
+                       code="session_awaiting_approval", approval=pending.summary() if pending else None)
+    if session.state != Session.State.RUNNING:
+        raise Conflict(f"The session is {session.state}; open a new session.",
+                       code="session_not_running", state=session.state)
+    if agent.state != Agent.State.ACTIVE:
+        raise DomainError(f"The agent {agent.name} is {agent.state}; a reviewer must resume it.",
+                          code="agent_suspended", status_code=423,
+                          reason=agent.suspend_reason or agent.state, state=agent.state)
+
+
+def _tool_for(call: Call, tools: dict[str, Tool]) -> Tool:
+    tool = tools.get(call.tool)
+    if tool is None:
+        raise NotFound(f"No tool named {call.tool!r} is registered in this organization.",
+                       code="tool_not_registered", tool=call.tool)
+    if tool.tier == Tier.SAFE:
+        raise DomainError(f"{call.tool} is SAFE: run it at once and report it in safe_calls.",
+                          code="safe_tool_not_intercepted")
+    return tool
+
+
+def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> Effect:
+    initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
+    return Effect.objects.create(
+        org_id=session.org_id, session=session, tool=tool, tool_name=tool.name, tier=tool.tier,
+        step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
+        args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
+        state=initial,
+    )
+
+
+def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
+    fn = tool.compensation_fn
+    return UndoEntry.objects.create(
+        session=session, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
+        fn_version=fn.fn_version, args=render_template(tool.compensation_args, effect.args),
+        max_retries=tool.max_retries, retry_backoff_ms=tool.retry_backoff_ms,
+    )
+
+
+def agent_context(session: Session, call: Call, effect: Effect) -> dict[str, Any]:
+    """The session's last N calls (SAFE ones included) and its reasoning trace."""
+    window = session.org.context_window
+    effects = list(Effect.objects.for_session(session).exclude(pk=effect.pk).order_by("-step_index")[:window])
+    safe = list(SafeCall.objects.filter(session=session).order_by("-step_index")[:window])
+    calls = [{"step_index": e.step_index, "tool": e.tool_name, "tier": e.tier, "args": e.args,
+              "state": e.state, "result": summarise(e.result), "error": e.error or None} for e in effects]
+    calls += [{"step_index": s.step_index, "tool": s.tool_name, "tier": Tier.SAFE, "args": s.args,
+               "state": "reported", "result": None, "error": None} for s in safe]
+    calls = sorted(calls, key=lambda c: c["step_index"])[-window:] if window else []
+    trace = [{"step_index": e.step_index, "text": e.reasoning} for e in sorted(effects, key=lambda e: e.step_index)
+             if e.reasoning]
+    if call.reasoning:
+        trace.append({"step_index": call.step_index, "text": call.reasoning})
+    return {"calls": calls, "reasoning": trace}
+
+
+def summarise(result: Any, limit: int = 300) -> str | None:
+    if result is None:
+        return None
+    text = result if isinstance(result, str) else canonical_json(result)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

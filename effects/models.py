@@ -1,0 +1,494 @@
+"""Tools, the compensation registry, sessions, the effect log and undo stacks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
+from django.utils import timezone
+
+from orgs.models import Agent, Organization
+from undolog_site.errors import Conflict
+
+SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
+def validate_semver(value: str) -> None:
+    if not SEMVER.match(value or ""):
+        raise ValidationError(f"{value!r} is not a semantic version (like 1.0.0)")
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation that signatures and digests are computed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _KeepMissing(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def render_text(template: str, args: dict) -> str:
+    """`"drops {db_name}"` with the call's args; unknown names stay as they are."""
+    try:
+        return template.format_map(_KeepMissing(args))
+    except (ValueError, IndexError, AttributeError, KeyError):
+        return template
+
+
+PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def render_template(template: Any, args: dict) -> Any:
+    """Render a compensation args template: `{"to": "{to}"}` takes `to` from the call.
+
+    A value that is exactly one placeholder keeps the arg's JSON type (a number stays a
+    number); placeholders inside longer strings are formatted as text.
+    """
+    if isinstance(template, dict):
+        return {key: render_template(value, args) for key, value in template.items()}
+    if isinstance(template, list):
+        return [render_template(value, args) for value in template]
+    if isinstance(template, str):
+        whole = PLACEHOLDER.match(template)
+        if whole and whole.group(1) in args:
+            return args[whole.group(1)]
+        return render_text(template, args)
+    return template
+
+
+class Tier(models.TextChoices):
+    SAFE = "safe"
+    COMPENSABLE = "compensable"
+    IRREVERSIBLE = "irreversible"
+
+
+class CompensationFunction(models.Model):
+    """A registered undo: `fn_name` + semver `fn_version` and how to run it."""
+
+    class Handler(models.TextChoices):
+        WEBHOOK = "webhook"
+        PYTHON = "python"
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="compensation_functions")
+    fn_name = models.CharField(max_length=100)
+    fn_version = models.CharField(max_length=64, validators=[validate_semver])
+    handler = models.CharField(max_length=16, choices=Handler.choices)
+    target = models.CharField(max_length=500, help_text="HTTPS URL (webhook) or dotted path (python).")
+    timeout_ms = models.PositiveIntegerField(default=5000)
+    description = models.TextField(blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org", "fn_name", "fn_version"], name="fn_version_unique")]
+        ordering = ["fn_name", "fn_version"]
+
+    def __str__(self) -> str:
+        return f"{self.fn_name}@{self.fn_version}"
+
+
+class ToolQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> ToolQuerySet:
+        return self.filter(org=org)
+
+
+class Tool(models.Model):
+    """A registered tool name with its tier, cost, MCP hints, and undo or approval metadata."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=200)
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    description = models.TextField(blank=True)
+    cost_weight = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("1"))
+    irreversible = models.BooleanField(help_text="Counts toward the irreversible caps.")
+    annotations = models.JSONField(default=dict, blank=True, help_text="MCP hints: readOnlyHint, …")
+    # Compensable tools
+    compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
+                                        on_delete=models.PROTECT, related_name="tools")
+    compensation_args = models.JSONField(default=dict, blank=True)
+    max_retries = models.PositiveSmallIntegerField(default=3)
+    retry_backoff_ms = models.PositiveIntegerField(default=1000)
+    # Irreversible tools
+    approval_reason = models.TextField(blank=True)
+    risk_tags = models.JSONField(default=list, blank=True)
+    estimated_impact = models.TextField(blank=True)
+    approval_timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    auto_approve_on_timeout = models.BooleanField(null=True, blank=True)
+    executor_url = models.CharField(max_length=500, blank=True)
+    executor_timeout_ms = models.PositiveIntegerField(default=10000)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = ToolQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org", "name"], name="tool_name_unique_in_org")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tier})"
+
+    def clean(self) -> None:
+        if self.tier == Tier.COMPENSABLE and self.compensation_fn_id is None:
+            raise ValidationError({"compensation_fn": "A compensable tool needs a compensation function."})
+        if self.tier == Tier.IRREVERSIBLE and not self.approval_reason.strip():
+            raise ValidationError({"approval_reason": "An irreversible tool needs a reason."})
+
+    def save(self, *args, **kwargs) -> None:
+        if self.irreversible is None:
+            self.irreversible = self.tier == Tier.IRREVERSIBLE
+        super().save(*args, **kwargs)
+
+
+class Session(models.Model):
+    """One run of an agent. Counters "per run" live here, on the row the intercept locks."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        AWAITING_APPROVAL = "awaiting_approval"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        HALTED = "halted"
+        COMPENSATING = "compensating"
+        COMPENSATED = "compensated"
+        COMPENSATION_FAILED = "compensation_failed"
+
+    TERMINAL = frozenset({State.COMPLETED, State.HALTED, State.COMPENSATED})
+    OPEN = frozenset({State.RUNNING, State.AWAITING_APPROVAL})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="sessions")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions")
+    state = models.CharField(max_length=24, choices=State.choices, default=State.RUNNING, db_index=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    step_index = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    # Run counters (budgets): updated under the session row lock.
+    tool_calls = models.PositiveIntegerField(default=0)
+    irreversible_calls = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal("0"))
+    tool_counts = models.JSONField(default=dict, blank=True)
+    violation = models.JSONField(null=True, blank=True, help_text="The run's first budget violation.")
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+    updated = models.DateTimeField(auto_now=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["org", "-created"]), models.Index(fields=["agent", "-created"])]
+
+    def __str__(self) -> str:
+        return f"session {self.id} of {self.agent_id} ({self.state})"
+
+    def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
+             **fields: Any) -> None:
+        """The one place session state changes: a guarded UPDATE plus its history row."""
+        now = timezone.now()
+        if to in self.TERMINAL or to in (self.State.FAILED, self.State.COMPENSATION_FAILED):
+            fields.setdefault("ended_at", now)
+        with transaction.atomic(savepoint=False):
+            changed = Session.objects.filter(pk=self.pk, state__in=allowed_from).update(
+                state=to, updated=now, **fields)
+            if changed == 1:
+                SessionTransition.objects.create(session=self, from_state=self.state, to_state=to,
+                                                 actor=actor, reason=reason[:2000])
+        if changed != 1:
+            current = Session.objects.filter(pk=self.pk).values_list("state", flat=True).first()
+            raise Conflict(f"The session is {current}; it cannot become {to}.",
+                           code="session_state_conflict", state=current)
+        self.state = to
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def complete(self, actor: str) -> None:
+        self.move({self.State.RUNNING}, self.State.COMPLETED, actor=actor)
+
+    def fail(self, error: str, actor: str) -> None:
+        self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
+
+    def await_approval(self, actor: str) -> None:
+        self.move({self.State.RUNNING}, self.State.AWAITING_APPROVAL, actor=actor)
+
+    def resume_running(self, actor: str, reason: str = "") -> None:
+        self.move({self.State.AWAITING_APPROVAL}, self.State.RUNNING, actor=actor, reason=reason)
+
+    def halt(self, actor: str, reason: str = "") -> None:
+        self.move({self.State.AWAITING_APPROVAL}, self.State.HALTED, actor=actor, reason=reason)
+
+
+class SessionTransition(models.Model):
+    """Append-only history of a session's states."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="transitions", editable=False)
+    from_state = models.CharField(max_length=24, editable=False)
+    to_state = models.CharField(max_length=24, editable=False)
+    actor = models.CharField(max_length=200, editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+
+class SafeCall(models.Model):
+    """A SAFE call the SDK ran at once and reported with a later request."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="safe_calls", editable=False)
+    tool_name = models.CharField(max_length=200, editable=False)
+    step_index = models.PositiveIntegerField(editable=False)
+    args = models.JSONField(default=dict, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["step_index", "id"]
+
+
+class EffectQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> EffectQuerySet:
+        return self.filter(org=org)
+
+    def for_session(self, session: Session) -> EffectQuerySet:
+        return self.filter(session=session)
+
+    def pending(self) -> EffectQuerySet:
+        return self.filter(state=Effect.State.PENDING)
+
+
+class Effect(models.Model):
+    """One intercepted call of a compensable or irreversible tool: the effect log's row."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        EXECUTING = "executing"
+        COMMITTED = "committed"
+        FAILED = "failed"
+        REJECTED = "rejected"
+        EXPIRED = "expired"
+        COMPENSATING = "compensating"
+        COMPENSATED = "compensated"
+        COMPENSATION_FAILED = "compensation_failed"
+
+    TERMINAL = frozenset({State.COMMITTED, State.FAILED, State.REJECTED, State.EXPIRED,
+                          State.COMPENSATED, State.COMPENSATION_FAILED})
+    # States in which the tool may have acted, so a rollback must compensate.
+    STARTED = frozenset({State.EXECUTING, State.COMMITTED, State.FAILED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="effects", editable=False)
+    tool = models.ForeignKey(Tool, null=True, on_delete=models.SET_NULL, related_name="effects", editable=False)
+    tool_name = models.CharField(max_length=200, editable=False)
+    tier = models.CharField(max_length=16, choices=Tier.choices, editable=False)
+    step_index = models.PositiveIntegerField(editable=False)
+    call_signature = models.CharField(max_length=64, editable=False)
+    idempotency_key = models.CharField(max_length=200, blank=True, editable=False)
+    args = models.JSONField(default=dict, editable=False)
+    args_digest = models.CharField(max_length=64, editable=False)
+    reasoning = models.TextField(blank=True, editable=False)
+    state = models.CharField(max_length=24, choices=State.choices, db_index=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    updated = models.DateTimeField(default=timezone.now)
+
+    objects = EffectQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # Exactly-once rests on this, not on a SELECT first.
+            models.UniqueConstraint(fields=["session", "call_signature"], name="one_effect_per_signature"),
+        ]
+        ordering = ["step_index", "created"]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name}#{self.step_index} ({self.state})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "session": str(self.session_id),
+            "tool": self.tool_name,
+            "tier": self.tier,
+            "state": self.state,
+            "step_index": self.step_index,
+            "call_signature": self.call_signature,
+            "args": self.args,
+            "result": self.result,
+            "error": self.error or None,
+            "created": self.created.isoformat(),
+            "updated": self.updated.isoformat(),
+        }
+
+    def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
+             **fields: Any) -> None:
+        """The one place effect state changes: guarded UPDATE, history row, wake-up after commit."""
+        from effects import longpoll
+
+        now = timezone.now()
+        with transaction.atomic(savepoint=False):
+            changed = Effect.objects.filter(pk=self.pk, state__in=allowed_from).update(
+                state=to, updated=now, **fields)
+            if changed == 1:
+                EffectTransition.objects.create(effect_id=self.pk, from_state=self.state, to_state=to,
+                                                actor=actor, reason=reason[:2000], created=now)
+                transaction.on_commit(lambda: longpoll.publish(self.pk))
+        if changed != 1:
+            # Another worker, reviewer or retry got there first.
+            current = Effect.objects.filter(pk=self.pk).values_list("state", flat=True).first()
+            raise Conflict(f"The effect is {current}; it cannot become {to}.",
+                           code="effect_state_conflict", state=current)
+        self.state, self.updated = to, now
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def commit(self, result: Any, actor: str) -> None:
+        self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.COMMITTED, actor=actor, result=result)
+
+    def fail(self, error: str, actor: str) -> None:
+        self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.FAILED, actor=actor,
+                  reason=error, error=error)
+
+    def start_executing(self, actor: str) -> None:
+        self.move({self.State.APPROVED}, self.State.EXECUTING, actor=actor)
+
+    def approve(self, actor: str, reason: str = "") -> None:
+        self.move({self.State.PENDING}, self.State.APPROVED, actor=actor, reason=reason)
+
+    def reject(self, actor: str, reason: str) -> None:
+        self.move({self.State.PENDING}, self.State.REJECTED, actor=actor, reason=reason, error=reason)
+
+    def expire(self, actor: str = "timeout") -> None:
+        self.move({self.State.PENDING}, self.State.EXPIRED, actor=actor, reason="deadline passed")
+
+    def start_compensating(self, actor: str) -> None:
+        self.move(self.STARTED, self.State.COMPENSATING, actor=actor)
+
+    def mark_compensated(self, actor: str, reason: str = "") -> None:
+        self.move({self.State.COMPENSATING, self.State.COMPENSATION_FAILED}, self.State.COMPENSATED,
+                  actor=actor, reason=reason)
+
+    def mark_compensation_failed(self, actor: str, reason: str) -> None:
+        self.move({self.State.COMPENSATING}, self.State.COMPENSATION_FAILED, actor=actor, reason=reason)
+
+
+class EffectTransition(models.Model):
+    """Append-only history of an effect: from, to, when, who, why (NetBox's ObjectChange spirit)."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="transitions", editable=False)
+    from_state = models.CharField(max_length=24, editable=False)
+    to_state = models.CharField(max_length=24, editable=False)
+    actor = models.CharField(max_length=200, editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"from": self.from_state, "to": self.to_state, "actor": self.actor,
+                "reason": self.reason, "at": self.created.isoformat()}
+
+
+class UndoEntryQuerySet(models.QuerySet):
+    def lifo(self) -> UndoEntryQuerySet:
+        return self.order_by("-step_index", "-created")
+
+
+class UndoEntry(models.Model):
+    """The compensation of one effect, pushed on its session's stack before the effect runs."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        COMPENSATED = "compensated"
+        SKIPPED = "skipped"
+        COMPENSATION_FAILED = "compensation_failed"
+        RESOLVED = "resolved"
+
+    TERMINAL = frozenset({State.COMPENSATED, State.SKIPPED, State.RESOLVED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="undo_entries", editable=False)
+    effect = models.OneToOneField(Effect, on_delete=models.CASCADE, related_name="undo_entry", editable=False)
+    step_index = models.PositiveIntegerField(editable=False)
+    fn = models.ForeignKey(CompensationFunction, on_delete=models.PROTECT, related_name="undo_entries",
+                           editable=False)
+    fn_name = models.CharField(max_length=100, editable=False)
+    fn_version = models.CharField(max_length=64, editable=False)
+    args = models.JSONField(default=dict, editable=False)
+    max_retries = models.PositiveSmallIntegerField(default=3)
+    retry_backoff_ms = models.PositiveIntegerField(default=1000)
+    state = models.CharField(max_length=24, choices=State.choices, default=State.PENDING, db_index=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    resolution_note = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = UndoEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-step_index", "-created"]
+        verbose_name_plural = "undo entries"
+
+    def __str__(self) -> str:
+        return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "effect": str(self.effect_id),
+            "step_index": self.step_index,
+            "fn_name": self.fn_name,
+            "fn_version": self.fn_version,
+            "args": self.args,
+            "state": self.state,
+            "attempts": self.attempts,
+            "max_retries": self.max_retries,
+            "next_attempt_at": self.next_attempt_at.isoformat() if self.next_attempt_at else None,
+            "last_error": self.last_error or None,
+        }
+
+
+class UndoAttempt(models.Model):
+    """One try at running a compensation: when, how long, what came back."""
+
+    class Outcome(models.TextChoices):
+        SUCCESS = "success"
+        RETRY = "retry"
+        PERMANENT = "permanent"
+
+    entry = models.ForeignKey(UndoEntry, on_delete=models.CASCADE, related_name="attempt_log", editable=False)
+    number = models.PositiveSmallIntegerField(editable=False)
+    started_at = models.DateTimeField(editable=False)
+    duration_ms = models.PositiveIntegerField(editable=False)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, editable=False)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    error = models.TextField(blank=True, editable=False)
+
+    class Meta:
+        ordering = ["entry", "number"]
+        constraints = [models.UniqueConstraint(fields=["entry", "number"], name="one_attempt_per_number")]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "started_at": self.started_at.isoformat(),
+                "duration_ms": self.duration_ms, "outcome": self.outcome,
+                "status_code": self.status_code, "error": self.error or None}

@@ -1,0 +1,14 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from effects import api
+
+router = SimpleRouter(trailing_slash=False)
+router.register("sessions", api.SessionViewSet, basename="session")
+router.register("effects", api.EffectViewSet, basename="effect")
+
+urlpatterns = [
+    path("tools", api.ToolsView.as_view(), name="tools"),
+    path("compensations", api.CompensationsView.as_view(), name="compensations"),
+    *router.urls,
+]

@@ -1,0 +1,249 @@
+"""Tenants, their people and their agents."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+import uuid
+import zoneinfo
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
+from django.dispatch import Signal
+from django.utils import timezone
+
+# Sent after commit with `event=<Event>`; approvals fans events out to webhooks and websockets.
+event_recorded = Signal()
+
+
+def validate_time_zone(value: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValidationError(f"{value!r} is not a known time zone (e.g. Europe/Berlin)") from None
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + secrets.token_hex(24)
+
+
+class Organization(models.Model):
+    """A tenant. Reviewers, agents, tools, budgets and settings belong to one; nothing crosses orgs."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    time_zone = models.CharField(max_length=64, default="UTC", validators=[validate_time_zone])
+    approval_timeout_s = models.PositiveIntegerField(
+        default=900, help_text="Default approval deadline in seconds (a tool may override it).")
+    auto_approve_on_timeout = models.BooleanField(
+        default=False, help_text="Default: approve when the deadline passes without a decision.")
+    context_window = models.PositiveSmallIntegerField(
+        default=10, help_text="How many of the session's last calls an approval request shows.")
+    webhook_secret = models.CharField(max_length=100, default=new_webhook_secret)
+    email_notifications = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def tz(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.time_zone)
+
+    def today(self) -> dt.date:
+        """The org's calendar day: daily budgets reset at its midnight, not the server's."""
+        return timezone.now().astimezone(self.tz).date()
+
+
+class Membership(models.Model):
+    """A Django user's role in one org."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer"
+        REVIEWER = "reviewer"
+        ADMIN = "admin"
+
+    RANK = {Role.VIEWER: 0, Role.REVIEWER: 1, Role.ADMIN: 2}
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.REVIEWER)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "org"], name="one_membership_per_org")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.org} ({self.role})"
+
+    def has_role(self, role: str) -> bool:
+        return self.RANK[self.role] >= self.RANK[role]
+
+
+class AgentQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> AgentQuerySet:
+        return self.filter(org=org)
+
+
+class Agent(models.Model):
+    """A named process of an org (e.g. `cleanup`) with API keys, a budget and a state."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        SUSPENDED = "suspended"
+        STOPPED = "stopped"
+
+    class SuspendReason(models.TextChoices):
+        NONE = ""
+        BUDGET = "budget"
+        MANUAL = "manual"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="agents")
+    name = models.SlugField(max_length=100)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    suspend_reason = models.CharField(max_length=16, choices=SuspendReason.choices, default="", blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = AgentQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org", "name"], name="agent_name_unique_in_org")]
+
+    def __str__(self) -> str:
+        return f"{self.org.slug}/{self.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state == self.State.ACTIVE
+
+    def _move(self, allowed_from: set[str], state: str, reason: str) -> bool:
+        # Guarded: two runs ending at once must not both apply on_exceeded.
+        changed = Agent.objects.filter(pk=self.pk, state__in=allowed_from).update(
+            state=state, suspend_reason=reason)
+        if changed:
+            self.state, self.suspend_reason = state, reason
+        return bool(changed)
+
+    def suspend(self, reason: str) -> bool:
+        return self._move({self.State.ACTIVE}, self.State.SUSPENDED, reason)
+
+    def stop(self) -> bool:
+        return self._move({self.State.ACTIVE, self.State.SUSPENDED}, self.State.STOPPED, "")
+
+    def resume(self) -> bool:
+        return self._move({self.State.SUSPENDED, self.State.STOPPED}, self.State.ACTIVE, "")
+
+
+KEY_PREFIX_LEN = 12
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class AgentKeyQuerySet(models.QuerySet):
+    def live(self) -> AgentKeyQuerySet:
+        return self.filter(revoked_at__isnull=True)
+
+
+class AgentKey(models.Model):
+    """An agent's API key, stored as a lookup prefix and a SHA-256 digest, never the key.
+
+    The secret has 256 bits of entropy, so a fast hash is enough: a slow password hasher
+    would only add latency to every intercept.
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=KEY_PREFIX_LEN, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AgentKeyQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"ul_{self.prefix}_… ({self.agent})"
+
+    @classmethod
+    def issue(cls, agent: Agent, name: str = "") -> tuple[AgentKey, str]:
+        """Create a key; the returned plaintext is shown once and never stored."""
+        prefix = secrets.token_hex(KEY_PREFIX_LEN // 2)
+        secret = secrets.token_urlsafe(32)
+        key = cls.objects.create(agent=agent, name=name, prefix=prefix, digest=_digest(secret))
+        return key, f"ul_{prefix}_{secret}"
+
+    @classmethod
+    def authenticate(cls, raw: str) -> AgentKey | None:
+        """One indexed lookup by prefix, then a constant-time digest compare."""
+        parts = raw.split("_", 2)
+        if len(parts) != 3 or parts[0] != "ul" or len(parts[1]) != KEY_PREFIX_LEN:
+            return None
+        key = cls.objects.live().select_related("agent__org").filter(prefix=parts[1]).first()
+        if key is None or not secrets.compare_digest(key.digest, _digest(parts[2])):
+            return None
+        key.touch()
+        return key
+
+    def touch(self) -> None:
+        # At most one write a minute per key, so the hot path stays a single read.
+        now = timezone.now()
+        if self.last_used_at is None or now - self.last_used_at > timedelta(minutes=1):
+            AgentKey.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+    def revoke(self) -> None:
+        AgentKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+class EventQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> EventQuerySet:
+        return self.filter(org=org)
+
+
+class Event(models.Model):
+    """The org's append-only audit stream: refusals, decisions, failures, switches.
+
+    Recorded inside the transaction that made the change; fanned out (webhooks,
+    dashboard) only after it commits, through `event_recorded`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="events", editable=False)
+    kind = models.CharField(max_length=64, db_index=True, editable=False)
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL, editable=False)
+    session_id = models.UUIDField(null=True, blank=True, db_index=True, editable=False)
+    data = models.JSONField(default=dict, editable=False)
+    created = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        indexes = [models.Index(fields=["org", "-created"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} @ {self.created:%Y-%m-%d %H:%M:%S}"
+
+    @classmethod
+    def record(cls, org: Organization, kind: str, *, agent: Agent | None = None,
+               session_id: uuid.UUID | None = None, **data) -> Event:
+        event = cls.objects.create(org=org, kind=kind, agent=agent, session_id=session_id, data=data)
+        transaction.on_commit(lambda: event_recorded.send(sender=cls, event=event))
+        return event
+
+    def as_dict(self) -> dict:
+        return {
+            "id": str(self.id),
+            "kind": self.kind,
+            "agent": self.agent.name if self.agent_id and self.agent else None,
+            "session": str(self.session_id) if self.session_id else None,
+            "data": self.data,
+            "created": self.created.isoformat(),
+        }

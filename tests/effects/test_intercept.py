@@ -1,0 +1,158 @@
+"""The intercept pipeline's answers, as DESIGN.md's table gives them."""
+
+from __future__ import annotations
+
+from effects.models import Effect, EffectTransition, SafeCall, Session, UndoEntry
+from tests.conftest import intercept, open_session
+
+
+def test_it_admits_a_compensable_call_and_pushes_its_undo_entry_first(acme, session_id):
+    response = intercept(acme, session_id, "send_email", {"to": "a@x.io", "subject": "hi"}, 3)
+
+    assert response.status_code == 201
+    body = response.json()
+    assert body["decision"] == "execute"
+    effect = Effect.objects.get(pk=body["effect"]["id"])
+    assert effect.state == "executing"
+    assert set(body["effect"]) >= {"id", "tool", "state", "step_index", "call_signature", "args", "result", "error"}
+    entry = UndoEntry.objects.get(effect=effect)
+    assert entry.args == {"to": "a@x.io"}
+    assert (entry.fn_name, entry.fn_version, entry.state) == ("undo_send_email", "1.0.0", "pending")
+
+
+def test_it_holds_an_irreversible_call_for_approval(acme, session_id):
+    response = intercept(acme, session_id, "delete_account", {"account_id": "acct-101"}, 1,
+                         reasoning="acct-101 has been inactive for a year")
+
+    assert response.status_code == 202
+    body = response.json()
+    assert body["decision"] == "await_approval"
+    assert body["effect"]["state"] == "pending"
+    assert set(body["approval"]) >= {"id", "timeout_at"}
+    assert Session.objects.get(pk=session_id).state == "awaiting_approval"
+    approval = Effect.objects.get(pk=body["effect"]["id"]).approval
+    assert approval.estimated_impact == "account acct-101 and its data"
+    assert approval.agent_context["reasoning"][-1]["text"] == "acct-101 has been inactive for a year"
+
+
+def test_it_answers_409_while_the_session_waits_for_a_reviewer(acme, session_id):
+    intercept(acme, session_id, "delete_account", {"account_id": "acct-101"}, 1)
+
+    response = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 2)
+
+    assert response.status_code == 409
+    assert response.json()["error"] == "session_awaiting_approval"
+    assert response.json()["approval"]["id"]
+
+
+def test_it_replays_a_committed_effect_without_running_it_again(acme, session_id):
+    first = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1).json()
+    commit = acme.api.post(f"/api/v1/effects/{first['effect']['id']}/commit", {"result": {"id": "m-1"}},
+                           format="json")
+    assert commit.status_code == 200
+
+    again = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1)
+
+    assert again.status_code == 200
+    assert again.json()["decision"] == "replay"
+    assert again.json()["effect"]["result"] == {"id": "m-1"}
+    assert Effect.objects.filter(session_id=session_id).count() == 1
+    assert UndoEntry.objects.filter(session_id=session_id).count() == 1
+
+
+def test_it_refuses_an_idempotency_key_reused_with_other_args(acme, session_id):
+    intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1, idempotency_key="k-1")
+
+    response = intercept(acme, session_id, "send_email", {"to": "b@x.io"}, 2, idempotency_key="k-1")
+
+    assert response.status_code == 409
+    assert response.json()["error"] == "idempotency_key_reused"
+    assert Effect.objects.count() == 1
+
+
+def test_it_replays_an_idempotency_key_with_the_same_args(acme, session_id):
+    first = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1, idempotency_key="k-1").json()
+
+    again = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1, idempotency_key="k-1")
+
+    assert again.status_code == 200
+    assert again.json()["effect"]["id"] == first["effect"]["id"]
+
+
+def test_it_answers_404_for_an_unregistered_tool(acme, session_id):
+    response = intercept(acme, session_id, "drop_tables", {}, 1)
+
+    assert response.status_code == 404
+    assert response.json()["error"] == "tool_not_registered"
+    assert not Effect.objects.exists()
+
+
+def test_it_answers_400_for_a_safe_tool(acme, session_id):
+    response = intercept(acme, session_id, "list_inactive_accounts", {}, 1)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == "safe_tool_not_intercepted"
+
+
+def test_it_answers_409_when_the_session_is_not_running(acme, session_id):
+    acme.api.post(f"/api/v1/sessions/{session_id}/complete")
+
+    response = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1)
+
+    assert response.status_code == 409
+    assert response.json() == {"error": "session_not_running", "state": "completed",
+                               "message": "The session is completed; open a new session."}
+
+
+def test_it_answers_423_when_the_agent_is_suspended(acme, session_id):
+    acme.agent.suspend("budget")
+
+    response = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1)
+
+    assert response.status_code == 423
+    assert response.json()["error"] == "agent_suspended"
+    assert response.json()["reason"] == "budget"
+    assert acme.api.post("/api/v1/sessions", {"agent": "cleanup"}, format="json").status_code == 423
+
+
+def test_it_records_reported_safe_calls_once_even_when_a_request_is_retried(acme, session_id):
+    safe = [{"tool": "list_inactive_accounts", "step_index": 1, "args": {}}]
+    intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 2, safe_calls=safe)
+    intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 2, safe_calls=safe)
+
+    assert SafeCall.objects.filter(session_id=session_id).count() == 1
+    session = Session.objects.get(pk=session_id)
+    assert session.tool_calls == 2  # one SAFE call, one send_email
+    assert session.step_index == 2
+
+
+def test_it_records_every_transition_with_its_actor(acme, session_id):
+    body = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1).json()
+    acme.api.post(f"/api/v1/effects/{body['effect']['id']}/commit", {"result": {"ok": True}}, format="json")
+
+    transitions = list(EffectTransition.objects.filter(effect_id=body["effect"]["id"]))
+
+    assert [(t.from_state, t.to_state, t.actor) for t in transitions] == [("executing", "committed", "agent:cleanup")]
+
+
+def test_it_answers_409_when_an_effect_is_committed_twice(acme, session_id):
+    body = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1).json()
+    url = f"/api/v1/effects/{body['effect']['id']}/commit"
+    assert acme.api.post(url, {"result": 1}, format="json").status_code == 200
+
+    second = acme.api.post(url, {"result": 2}, format="json")
+
+    assert second.status_code == 409
+    assert Effect.objects.get(pk=body["effect"]["id"]).result == 1
+
+
+def test_another_agents_session_is_404(acme, outsider, session_id):
+    response = intercept(outsider, session_id, "send_email", {"to": "a@x.io"}, 1)
+
+    assert response.status_code == 404
+    assert response.json()["error"] == "session_not_found"
+
+
+def test_a_second_session_starts_at_step_zero(acme, tools):
+    assert acme.api.post("/api/v1/sessions", {"agent": "cleanup"}, format="json").json()["step_index"] == 0
+    assert open_session(acme) != open_session(acme)

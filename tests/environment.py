@@ -1,0 +1,34 @@
+"""Loaded by pytest before Django (`-p tests.environment` in pytest.ini).
+
+Without REDIS_URL the tests get their own embedded Redis on var/test-redis.sock, so they
+never share a broker with a `make run` that may be up; it stops when the run ends.
+The environment is set at import, because pytest-django reads settings before any
+configure hook runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+VAR = Path(os.environ.get("UNDOLOG_VAR_DIR", Path(__file__).resolve().parent.parent / "var"))
+if "REDIS_URL" not in os.environ:
+    os.environ["REDIS_URL"] = f"unix://{VAR / 'test-redis.sock'}"
+    os.environ["UNDOLOG_EMBEDDED_REDIS"] = "1"
+
+_process = None
+
+
+def pytest_configure(config) -> None:
+    global _process
+    if os.environ.get("UNDOLOG_EMBEDDED_REDIS") == "1":
+        from undolog_site import embedded_redis
+
+        _process = embedded_redis.start(embedded_redis.socket_of(os.environ["REDIS_URL"]))
+
+
+def pytest_unconfigure(config) -> None:
+    if _process is not None:
+        from undolog_site import embedded_redis
+
+        embedded_redis.stop(_process)

@@ -1,0 +1,22 @@
+"""URL wiring: the API under /api/v1/, schema and docs, admin, login, health."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from undolog_site import health
+
+urlpatterns = [
+    path("api/v1/", include("effects.urls")),
+    path("api/v1/", include("approvals.urls")),
+    path("api/v1/", include("budgets.urls")),
+    path("api/v1/", include("orgs.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("healthz", health.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("", include("approvals.dashboard_urls")),
+]
