@@ -290,6 +290,11 @@ class SessionCreateSerializer(StrictSerializer):
 
 class FailSerializer(StrictSerializer):
     error = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+    safe_calls = serializers.JSONField(required=False, default=None)
+
+
+class CompleteSerializer(StrictSerializer):
+    safe_calls = serializers.JSONField(required=False, default=None)
 
 
 def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
@@ -368,10 +373,18 @@ class SessionViewSet(ViewSet):
         answer = pipeline.intercept(request.user.agent, pk, call)
         return Response(answer.body, status=answer.status)
 
-    @extend_schema(request=None, responses={200: dict})
+    def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:
+        reported = pipeline.parse_safe_calls(raw)
+        if reported and caller_of(request).agent:
+            pipeline.report_safe_calls(caller_of(request).agent, pk, reported)
+
+    @extend_schema(request=CompleteSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk: str) -> Response:
+        data = _validated(CompleteSerializer, request.data or {})
         session = self._get(request, pk)
+        self._charge_last_safe_calls(request, pk, data["safe_calls"])
+        session.refresh_from_db()
         session.complete(actor=caller_of(request).label)
         return Response({"session": session_dict(session)})
 
@@ -380,6 +393,8 @@ class SessionViewSet(ViewSet):
     def fail(self, request: Request, pk: str) -> Response:
         data = _validated(FailSerializer, request.data or {})
         session = self._get(request, pk)
+        self._charge_last_safe_calls(request, pk, data["safe_calls"])
+        session.refresh_from_db()
         session.fail(data["error"], actor=caller_of(request).label)
         return Response({"session": session_dict(session)})
 
@@ -410,7 +425,7 @@ class EffectViewSet(ViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{36}"
 
     def get_permissions(self):
-        if self.action in ("commit", "fail"):
+        if self.action in ("commit", "fail", "start"):
             return [IsAgent()]
         return [IsAgentOrMember()]
 
@@ -435,6 +450,15 @@ class EffectViewSet(ViewSet):
             longpoll.wait(effect.pk, wait, changed)
             effect.refresh_from_db()
         return Response({"effect": _effect_body(effect)})
+
+    @extend_schema(request=None, responses={200: dict, 409: dict})
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str) -> Response:
+        """Claim an approved effect before running it (approved → executing): when two
+        callers wait on the same approval, only the first to start may run the tool."""
+        effect = self._get(request, pk)
+        effect.start_executing(actor=caller_of(request).label)
+        return Response({"effect": effect.as_dict()})
 
     @extend_schema(request=CommitSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
