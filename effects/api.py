@@ -358,7 +358,7 @@ class SessionViewSet(ViewSet):
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(session_dict(self._get(request, pk), full=True))
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="v1_sessions_list", responses={200: dict})
     def list(self, request: Request) -> Response:
         sessions = sessions_for(request)
         state = request.query_params.get("state")
