@@ -148,8 +148,7 @@ def _charge_day(session: Session, usage: Usage, limits: Limits) -> Exceeded | No
     for counter, (name, cap) in caps.items():
         if used.get(counter) > cap:
             return Exceeded(name, cap, used.get(counter))
-    # Counters only grow, so the row that stopped the UPDATE shows which cap it was.
-    raise RuntimeError(f"day counter {row.pk} refused a charge that fits every cap")
+    raise AssertionError("DayCounter.add returns a row only when a cap is in the way")
 
 
 def _refuse(session: Session, tool: Tool, call: Call, exceeded: Exceeded, limits: Limits,

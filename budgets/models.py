@@ -239,15 +239,18 @@ class DayCounter(models.Model):
             caps: dict[str, tuple[str, Any]] | None = None) -> DayCounter | None:
         """Add `amount` if every cap still holds after it. None when added; else the row that
         stopped it (read after the guarded UPDATE changed nothing)."""
-        for _ in range(2):
-            if cls._guarded_update(agent_id, day, amount, caps or {}) == 1:
+        caps = caps or {}
+        for _ in range(4):
+            if cls._guarded_update(agent_id, day, amount, caps) == 1:
                 return None
             row = cls.objects.filter(agent_id=agent_id, day=day).first()
-            if row is not None:
+            if row is None:
+                # First charge of the day: make the row (a racing twin's insert wins, ours is ignored).
+                cls.objects.bulk_create([cls(org_id=org_id, agent_id=agent_id, day=day)], ignore_conflicts=True)
+            elif any(row.usage().get(counter) + amount.get(counter) > cap for counter, (_, cap) in caps.items()):
                 return row
-            # First charge of the day: make the row (a racing twin's insert wins, ours is ignored).
-            cls.objects.bulk_create([cls(org_id=org_id, agent_id=agent_id, day=day)], ignore_conflicts=True)
-        raise RuntimeError(f"day counter of agent {agent_id} on {day} vanished")
+            # Else the row was committed by a twin's first charge after our UPDATE looked: again.
+        raise RuntimeError(f"day counter of agent {agent_id} on {day}: no charge and no cap in the way")
 
     @classmethod
     def _guarded_update(cls, agent_id: Any, day: Any, amount: Usage, caps: dict[str, tuple[str, Any]]) -> int:
