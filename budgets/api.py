@@ -88,7 +88,8 @@ def _agent(request: Request, name: str, *, lock: bool = False) -> Agent:
     if caller.agent is not None:
         agents = agents.filter(pk=caller.agent.pk)
     if lock:
-        agents = agents.select_for_update()  # serialises edits of one agent's policy (its first write copies)
+        # Serialises edits of one agent's policy (its first write copies the org default).
+        agents = agents.select_for_update(of=("self",))
     agent = agents.first()
     if agent is None:
         raise NotFound(f"No agent named {name!r} in this organization.", code="agent_not_found")

@@ -79,7 +79,7 @@ def charge_safe_call(session: Session, tool: Tool | None, name: str) -> None:
 
 
 def settle(session: Session) -> None:
-    """Charge reported SAFE calls to the day when no call is admitted (a replayed request)."""
+    """Charge reported SAFE calls to the day when the call itself is not (a replay, a run-limit refusal)."""
     pending = _pending(session)
     limits = _limits(session)
     if pending and limits.tracks_day:
@@ -99,10 +99,12 @@ def admit(session: Session, tool: Tool, call: Call) -> dict[str, Any] | None:
     limits = _limits(session)
     usage = _usage_of(tool)
     if limits.incident and usage.irreversible_calls:
+        settle(session)
         return _refuse(session, tool, call, Exceeded("max_irreversible_per_run", 0,
                                                      session.irreversible_calls + 1), limits, incident=True)
     exceeded = _run_exceeded(session, tool, usage, limits)
     if exceeded is not None and not limits.observe:
+        settle(session)
         return _refuse(session, tool, call, exceeded, limits)
     day_exceeded = _charge_day(session, usage, limits)
     if day_exceeded is not None and not limits.observe:

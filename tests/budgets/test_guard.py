@@ -245,3 +245,15 @@ def test_another_orgs_policy_changes_nothing_here(acme, outsider, budget_tools):
     assert response.status_code == 200
 
     assert Run(acme).drop().status_code == 201
+
+
+def test_safe_calls_reported_with_a_refused_call_still_count_for_the_day(acme, budget_tools):
+    set_budget(acme, max_irreversible_per_run=0, max_cost_per_day=100)
+    run = Run(acme)
+
+    assert run.drop(safe=["list_inactive_accounts"]).status_code == 429
+    acme.admin.post("/api/v1/org/incident", {"on": True}, format="json")
+    assert run.drop(safe=["list_inactive_accounts"]).status_code == 429
+
+    day = DayCounter.objects.get(agent=acme.agent)
+    assert (day.tool_calls, day.irreversible_calls, float(day.cost)) == (2, 0, 0.02)
