@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from budgets.models import BudgetPolicy, Escalation, Limits, RunOutcome
 from orgs.models import Agent, Event
+from undolog_site.errors import Conflict
 
 if TYPE_CHECKING:
     from effects.models import Session
@@ -66,10 +67,13 @@ def _claim(session: Session, action: str, violation: dict) -> bool:
 
 
 def _roll_back(session: Session) -> str:
-    """stop walks the run's undo stack: fail an open or halted run (the compensation walk
-    follows the failure); undo a completed one where the compensation branch offers it."""
-    if session.state in session.OPEN or session.state == session.State.HALTED:
-        session.fail("budget exceeded: on_exceeded stop", actor=ACTOR)
+    """stop walks the run's undo stack: fail a halted run (the compensation walk follows the
+    failure); undo a completed one where the compensation branch offers it."""
+    if session.state == session.State.HALTED:
+        # After the caller commits: a reviewer's "reject and roll back" halts and fails the run in
+        # one transaction, and must not find it failed under its feet.
+        session_id = session.pk
+        transaction.on_commit(lambda: _fail_if_halted(session_id))
         return "fail"
     if session.state == session.State.COMPLETED:
         undo = getattr(session, "undo", None)
@@ -78,6 +82,18 @@ def _roll_back(session: Session) -> str:
         undo(actor=ACTOR)
         return "undo"
     return "failed"  # the run failed on its own: that failure already walks its undo stack
+
+
+def _fail_if_halted(session_id: Any) -> None:
+    from effects.models import Session
+
+    session = Session.objects.filter(pk=session_id, state=Session.State.HALTED).first()
+    if session is None:
+        return  # already failed (and being walked) by whoever halted it
+    try:
+        session.fail("budget exceeded: on_exceeded stop", actor=ACTOR)
+    except Conflict:
+        pass  # failed by someone else between the read and the guarded move: same outcome
 
 
 def _escalate(agent: Agent, session: Session, limits: Limits, data: dict[str, Any]) -> str | None:

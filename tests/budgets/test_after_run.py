@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.webhooks import verify
@@ -116,7 +117,8 @@ def test_on_exceeded_applies_once_per_run(acme, budget_tools):
     assert RunOutcome.objects.get().action == "pause"
 
 
-def test_stop_stops_the_agent_and_fails_a_halted_run_so_its_undo_stack_is_walked(acme, budget_tools):
+def test_stop_stops_the_agent_and_fails_a_halted_run_so_its_undo_stack_is_walked(
+        acme, budget_tools, django_capture_on_commit_callbacks):
     set_budget(acme, max_irreversible_per_run=2, on_exceeded="stop")
     run = Run(acme)
     run.drop()
@@ -125,12 +127,14 @@ def test_stop_stops_the_agent_and_fails_a_halted_run_so_its_undo_stack_is_walked
     set_budget(acme, max_irreversible_per_run=3)
     waiting = run.call("delete_account", {"account_id": "acct-101"})
 
-    reject(waiting.json()["effect"]["id"], "no")
+    with django_capture_on_commit_callbacks(execute=True):
+        reject(waiting.json()["effect"]["id"], "no")
 
     acme.agent.refresh_from_db()
     assert acme.agent.state == "stopped"
     session = run.session
     assert session.state != "halted" and session.error == "budget exceeded: on_exceeded stop"
+    assert session.transitions.filter(to_state="halted", actor="alice").exists()
     assert session.transitions.filter(to_state="failed", actor="budget").exists()
     assert Event.objects.get(kind="budget.exceeded").data["rollback"] == "fail"
     assert acme.api.post("/api/v1/sessions", {"agent": "cleanup"}, format="json").status_code == 423
@@ -231,18 +235,35 @@ def test_escalate_suspends_the_agent_and_a_real_worker_calls_the_signed_webhook(
         run = over_the_cap(acme)
         assert run.complete().status_code == 200
         deadline = time.monotonic() + 20
-        while not hits and time.monotonic() < deadline:
+        while Escalation.objects.get().state != "delivered" and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    assert Escalation.objects.get().state == "delivered"
     assert len(hits) == 1
     hit = hits[0]
     assert verify([acme.org.webhook_secret], hit["headers"]["Undolog-Signature"], hit["raw"])
     assert (hit["body"]["event"], hit["body"]["agent"], hit["body"]["session"], hit["body"]["limit"]) == (
         "budget.exceeded", "cleanup", run.id, "max_irreversible_per_run")
     assert Agent.objects.get(pk=acme.agent.pk).suspend_reason == "budget"
-    deadline = time.monotonic() + 5
-    while Escalation.objects.get().state != "delivered" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert Escalation.objects.get().state == "delivered"
     assert {"budget.exceeded", "agent.suspended"} <= set(kinds())
     assert DayCounter.objects.count() == 0  # no daily limit, no day row
+
+
+def test_stop_leaves_a_halted_run_alone_when_the_reviewer_rolls_it_back_in_the_same_transaction(
+        acme, budget_tools, django_capture_on_commit_callbacks):
+    set_budget(acme, max_irreversible_per_run=1, on_exceeded="stop")
+    run = Run(acme)
+    run.drop()
+    assert run.drop().status_code == 429
+    set_budget(acme, max_irreversible_per_run=2)
+    waiting = run.call("delete_account", {"account_id": "acct-101"})
+
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        reject(waiting.json()["effect"]["id"], "no")  # what "reject and roll back" does: halt, then fail
+        Session.objects.get(pk=run.id).fail("rejected and rolled back", actor="alice")
+
+    session = run.session
+    assert (session.state, session.error) == ("failed", "rejected and rolled back")
+    assert session.transitions.filter(to_state="failed").count() == 1
+    acme.agent.refresh_from_db()
+    assert acme.agent.state == "stopped"

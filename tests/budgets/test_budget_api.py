@@ -173,3 +173,12 @@ def test_the_org_default_rejects_bad_input(acme, budget_tools):
 
     assert response.status_code == 400
     assert not BudgetPolicy.objects.exists()
+
+
+def test_a_session_budget_needs_credentials_and_is_read_only(client, acme, budget_tools):
+    run = Run(acme)
+    url = f"/api/v1/sessions/{run.id}/budget"
+
+    assert client.get(url).status_code == 401
+    assert acme.admin.post(url, {}, format="json").status_code == 405
+    assert acme.admin.patch(url, {}, format="json").status_code == 405
