@@ -425,7 +425,9 @@ class EffectViewSet(ViewSet):
 
             longpoll.wait(effect.pk, wait, changed)
             effect.refresh_from_db()
-        return Response({"effect": _effect_body(effect)})
+        body = _effect_body(effect)
+        # A decided irreversible call: the decision at the top too ({"decision": "rejected", "reason"}).
+        return Response({"effect": body, **{k: body[k] for k in ("decision", "reason") if k in body}})
 
     @extend_schema(request=CommitSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
@@ -452,7 +454,9 @@ def _effect_body(effect: Effect) -> dict[str, Any]:
         approval = ApprovalRequest.objects.filter(effect=effect).first()
         if approval is not None:
             body["approval"] = {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                                "reason": approval.decision_reason or None}
+                                "reason": approval.decision_reason or None, "decision": approval.decision,
+                                "executor": bool(effect.tool_id and effect.tool and effect.tool.executor_url)}
+            body.update(approval.caller_fields())
     return body
 
 

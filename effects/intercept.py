@@ -204,6 +204,7 @@ def _replay(existing: Effect, call: Call) -> Answer:
         approval = ApprovalRequest.objects.filter(effect=existing).first()
         if approval is not None:
             body["approval"] = approval.summary()
+            body["effect"].update(approval.caller_fields())
             if approval.decision_reason:
                 body["reason"] = approval.decision_reason
     return Answer(200, body)
