@@ -40,6 +40,15 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StringField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of quietly turning them into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 def semver(value: str) -> str:
     try:
         validate_semver(value)
@@ -62,9 +71,9 @@ class IsAgentOrAdmin(IsAgentOrMember):
 
 class CompensationSerializer(StrictSerializer):
     fn_name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
-    fn_version = serializers.CharField(max_length=64, validators=[semver])
+    fn_version = StringField(max_length=64, validators=[semver])
     handler = serializers.ChoiceField(choices=CompensationFunction.Handler.choices)
-    target = serializers.CharField(max_length=500)
+    target = StringField(max_length=500)
     timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
@@ -107,15 +116,15 @@ class CompensationsView(APIView):
 
 
 class CompensationDescriptorSerializer(StrictSerializer):
-    fn_name = serializers.CharField(max_length=100)
-    fn_version = serializers.CharField(max_length=64, validators=[semver])
+    fn_name = StringField(max_length=100)
+    fn_version = StringField(max_length=64, validators=[semver])
     args = serializers.DictField(required=False, default=dict)
     max_retries = serializers.IntegerField(min_value=0, max_value=20, default=3)
     retry_backoff_ms = serializers.IntegerField(min_value=0, max_value=3_600_000, default=1000)
 
 
 class ApprovalMetaSerializer(StrictSerializer):
-    reason = serializers.CharField(max_length=2000, allow_blank=True, trim_whitespace=True)
+    reason = StringField(max_length=2000, allow_blank=True, trim_whitespace=True)
     risk_tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list,
                                       max_length=20)
     estimated_impact = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
@@ -125,7 +134,7 @@ class ApprovalMetaSerializer(StrictSerializer):
 
 
 class ExecutorSerializer(StrictSerializer):
-    url = serializers.CharField(max_length=500)
+    url = StringField(max_length=500)
     timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=10000)
 
 
@@ -275,7 +284,7 @@ def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dic
 
 
 class SessionCreateSerializer(StrictSerializer):
-    agent = serializers.CharField(max_length=100)
+    agent = StringField(max_length=100)
     metadata = serializers.DictField(required=False, default=dict)
 
 
@@ -388,7 +397,7 @@ class CommitSerializer(StrictSerializer):
 
 
 class EffectFailSerializer(StrictSerializer):
-    error = serializers.CharField(max_length=10_000)
+    error = StringField(max_length=10_000)
 
 
 def effects_for(request: Request):

@@ -116,3 +116,17 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
                             {"WWW-Authenticate": 'Bearer realm="api"'})
         return Response({"error": code, "message": message}, status=exc.status_code, headers=headers)
     return None
+
+
+def api_not_found(request, *args, **kwargs):
+    """Unknown /api/ paths answer JSON like every other API error, in DEBUG too."""
+    from django.http import JsonResponse
+
+    return JsonResponse({"error": "not_found", "message": f"No API endpoint at {request.path}."}, status=404)
+
+
+def server_error(request, *args, **kwargs):
+    from django.http import JsonResponse
+
+    return JsonResponse({"error": "server_error", "message": "Something went wrong on our side; it was logged."},
+                        status=500)

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "orgs",
     "effects",
@@ -216,6 +217,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Effect log, undo stacks, approvals and autonomy budgets for AI agents.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI served from our own static files: the docs work with no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Outgoing webhooks may reach loopback/private addresses only when this is on (SSRF).

@@ -2,16 +2,17 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from undolog_site import health
+from undolog_site import errors, health
 
 urlpatterns = [
     path("api/v1/", include("effects.urls")),
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("budgets.urls")),
     path("api/v1/", include("orgs.urls")),
+    re_path(r"^api/v1/", errors.api_not_found),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("healthz", health.healthz, name="healthz"),

@@ -1,0 +1,100 @@
+"""Overhead of a SAFE call inside a session, over the bare function.
+
+    python sdk/bench_safe.py [--calls N]
+
+A SAFE call never touches the network: the SDK binds its args, numbers the step and
+queues the report. That must cost under 20 µs per call (issue 7). The session here
+runs on an httpx transport that fails any request after the session is opened, so
+a network call would also fail the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent / "src"))
+
+from undolog import ToolTier, UndoLogClient, undolog_tool
+
+GOAL_US = 20.0
+
+
+def search(query: str, limit: int = 10) -> int:
+    return limit
+
+
+async def asearch(query: str, limit: int = 10) -> int:
+    return limit
+
+
+safe_search = undolog_tool(search, tier=ToolTier.SAFE)
+safe_asearch = undolog_tool(asearch, tier=ToolTier.SAFE)
+
+
+def offline_client() -> UndoLogClient:
+    state = {"opened": False}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if state["opened"]:
+            raise AssertionError(f"SAFE path made a request: {request.method} {request.url}")
+        state["opened"] = True
+        return httpx.Response(201, json={"id": "s-1", "agent": "bench", "state": "running",
+                                         "step_index": 0})
+
+    transport = httpx.MockTransport(handler)
+    return UndoLogClient("http://bench.invalid", "bench-key", transport=transport)
+
+
+def per_call_us(fn: Callable[..., Any], calls: int) -> float:
+    best = float("inf")
+    for _ in range(5):  # best of 5 rounds, to keep scheduler noise out
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn("undolog", limit=5)
+        best = min(best, time.perf_counter() - start)
+    return best / calls * 1e6
+
+
+async def aper_call_us(fn: Callable[..., Any], calls: int) -> float:
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            await fn("undolog", limit=5)
+        best = min(best, time.perf_counter() - start)
+    return best / calls * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20_000)
+    calls = parser.parse_args().calls
+    session = offline_client().session(agent="bench")
+    session.__enter__()
+    bare, wrapped = per_call_us(search, calls), per_call_us(safe_search, calls)
+    abare = asyncio.run(aper_call_us(asearch, calls))
+    # asyncio.run copies the current context, so its task runs in the session too.
+    awrapped = asyncio.run(aper_call_us(safe_asearch, calls))
+    # Proof that the wrapped calls really went through the session (5 rounds each).
+    assert len(session._safe) == 2 * 5 * calls, len(session._safe)
+    session._safe.clear()  # the reports would go to the (fake) server on exit
+    session._deactivate()
+    worst = max(wrapped - bare, awrapped - abare)
+    for label, b, w in (("sync ", bare, wrapped), ("async", abare, awrapped)):
+        print(f"{label}: bare {b:6.2f} µs  SAFE in session {w:6.2f} µs  "
+              f"overhead {w - b:6.2f} µs  ratio {w / b:5.1f}x")
+    verdict = "OK" if worst < GOAL_US else "TOO SLOW"
+    print(f"SAFE overhead per call: {worst:.2f} µs (goal < {GOAL_US:g} µs): {verdict}")
+    return 0 if worst < GOAL_US else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""A session: one run of an agent, and what happens to each tool call inside it.
+
+The tier paths are written once, as generators ("flows") that yield the I/O they
+need (``Call``, ``Sleep``, ``RUN``) and receive its outcome. A sync driver performs
+them for sync tools and ``with`` blocks, an async driver for async tools and
+``async with`` blocks, so both flavours share every rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from contextvars import Token
+from dataclasses import dataclass
+from typing import Any
+
+from ._context import CURRENT
+from ._http import Call, Http, unwrap_result, wrap_result
+from .decorator import DeclaredTool
+from .errors import (
+    ApprovalExpired,
+    ApprovalRejected,
+    ApprovalWaitTimeout,
+    EffectFailed,
+    EffectInFlight,
+    EffectUndone,
+    InvalidRequest,
+    SessionNotRunning,
+    UndoLogConnectionError,
+    UndoLogError,
+    UndoLogTimeout,
+)
+
+__all__ = ["Session", "WaitInfo"]
+
+log = logging.getLogger("undolog")
+
+
+class _Run:
+    """Flow instruction: run the tool now and send back its result."""
+
+
+RUN = _Run()
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Op = Call | Sleep | _Run
+Flow = Generator[Op, Any, Any]
+
+_UNDONE = frozenset({"compensating", "compensated", "compensation_failed"})
+_COMPENSATION_OVER = frozenset({"compensated", "compensation_failed"})
+_NOTHING_TO_UNDO = frozenset({"completed", "halted"})
+
+
+@dataclass(frozen=True)
+class WaitInfo:
+    """Handed to ``on_wait`` while an irreversible call waits for a reviewer."""
+
+    tool: str
+    effect_id: str
+    state: str
+    waited_s: float
+    timeout_at: str | None
+
+
+class Session:
+    """One run of an agent. Use it as ``with`` or ``async with``; tools called inside
+    are intercepted through it. Made by ``UndoLogClient.session`` / ``resume_session``.
+    """
+
+    def __init__(self, http: Http, *, agent: str | None = None,
+                 metadata: Mapping[str, Any] | None = None, session_id: str | None = None,
+                 approval_timeout: float | None = None, poll_wait: float = 30.0,
+                 on_wait: Callable[[WaitInfo], None] | None = None) -> None:
+        if session_id is None and not agent:
+            raise ValueError("a new session needs agent= (or UNDOLOG_AGENT)")
+        self._http = http
+        self.id: str | None = session_id
+        self.agent = agent
+        self.metadata = dict(metadata or {})
+        self.state: str | None = None
+        self.data: dict[str, Any] = {}
+        self.approval_timeout = approval_timeout
+        self.poll_wait = poll_wait
+        self.on_wait = on_wait
+        self._steps = itertools.count(0)
+        self._safe: deque[dict[str, Any]] = deque()
+        self._reasoning: str | None = None
+        self._token: Token[Session | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} agent={self.agent!r} state={self.state!r}>"
+
+    # -- entering and leaving -------------------------------------------------
+
+    def __enter__(self) -> Session:
+        self._open(self._http.send(self._open_call()))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._deactivate()
+        self._drive(self._close_flow(exc))
+
+    async def __aenter__(self) -> Session:
+        self._open(await self._http.asend(self._open_call()))
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._deactivate()
+        await self._adrive(self._close_flow(exc))
+
+    def _open_call(self) -> Call:
+        if self.id is not None:
+            return Call("GET", f"/api/v1/sessions/{self.id}")
+        return Call("POST", "/api/v1/sessions", {"agent": self.agent, "metadata": self.metadata})
+
+    def _open(self, answer: Mapping[str, Any]) -> None:
+        resumed = self.id is not None
+        self._apply(answer)
+        # The server keeps the highest step index seen (0 for a new session) and drops
+        # SAFE reports of a step it already has, so a resumed run starts past it.
+        last = self.data.get("step_index")
+        if isinstance(last, int):
+            self._steps = itertools.count(last + 1 if resumed else last)
+        self._token = CURRENT.set(self)
+
+    def _deactivate(self) -> None:
+        token, self._token = self._token, None
+        try:
+            if token is not None:
+                CURRENT.reset(token)
+        except ValueError:
+            # Exited in another context than entered (e.g. a fixture's teardown task).
+            CURRENT.set(None)
+
+    def _apply(self, answer: Mapping[str, Any]) -> None:
+        data = answer.get("session", answer)
+        if not isinstance(data, Mapping):
+            return
+        self.data = dict(data)
+        self.id = str(data.get("id", self.id))
+        self.state = data.get("state", self.state)
+        self.agent = data.get("agent", self.agent)
+
+    def _close_flow(self, exc: BaseException | None) -> Flow:
+        """Complete on a normal exit, fail (starting the undo walk) on an exception.
+
+        KeyboardInterrupt, SystemExit and cancellation leave the session running, as a
+        crash would, so that ``resume_session`` can carry it on.
+        """
+        if exc is not None and not isinstance(exc, Exception):
+            return
+        try:
+            if exc is None:
+                answer = yield from self._finish("complete", {})
+            else:
+                answer = yield from self._finish("fail", {"error": describe(exc)})
+        except UndoLogError as err:
+            if exc is None and not isinstance(err, SessionNotRunning):
+                raise
+            # Never mask the block's own exception, nor fail a normal exit because a
+            # reviewer halted or rolled back the run meanwhile (that is expected).
+            level = logging.INFO if isinstance(err, SessionNotRunning) else logging.WARNING
+            log.log(level, "could not close session %s: %s", self.id, err)
+            self.state = getattr(err, "state", None) or self.state
+            return
+        self._apply(answer)
+
+    def _finish(self, verb: str, body: dict[str, Any]) -> Flow:
+        """POST complete/fail, reporting the last SAFE calls if the server takes them."""
+        path = f"/api/v1/sessions/{self.id}/{verb}"
+        safe = self._drain_safe()
+        if safe:
+            try:
+                return (yield Call("POST", path, {**body, "safe_calls": safe}))
+            except InvalidRequest as err:
+                if "safe_calls" not in err.fields:
+                    raise
+                log.debug("%s does not take safe_calls; %d not reported", path, len(safe))
+        return (yield Call("POST", path, body))
+
+    # -- what code inside the block may use ------------------------------------
+
+    def reasoning(self, text: str) -> None:
+        """Attach the agent's reasoning to the next intercepted call (reviewers see it)."""
+        self._reasoning = text
+
+    def refresh(self) -> dict[str, Any]:
+        self._apply(self._http.send(Call("GET", f"/api/v1/sessions/{self.id}")))
+        return self.data
+
+    async def arefresh(self) -> dict[str, Any]:
+        self._apply(await self._http.asend(Call("GET", f"/api/v1/sessions/{self.id}")))
+        return self.data
+
+    def wait_compensated(self, timeout: float = 60.0, poll_interval: float = 0.5) -> dict[str, Any]:
+        """Block until the undo walk ends: ``state`` is compensated or compensation_failed."""
+        return self._drive(self._wait_compensated_flow(timeout, poll_interval))
+
+    async def await_compensated(self, timeout: float = 60.0,
+                                poll_interval: float = 0.5) -> dict[str, Any]:
+        """Async twin of ``wait_compensated``."""
+        return await self._adrive(self._wait_compensated_flow(timeout, poll_interval))
+
+    def _wait_compensated_flow(self, timeout: float, poll_interval: float) -> Flow:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._apply((yield Call("GET", f"/api/v1/sessions/{self.id}")))
+            if self.state in _COMPENSATION_OVER:
+                return self.data
+            if self.state in _NOTHING_TO_UNDO:
+                raise UndoLogError(f"session {self.id} is {self.state}; no undo walk will run",
+                                   code="not_compensating")
+            if time.monotonic() >= deadline:
+                raise UndoLogTimeout(f"session {self.id} still {self.state} after {timeout}s")
+            yield Sleep(poll_interval)
+
+    # -- tool calls (entered from the decorator's wrappers) ----------------------
+
+    def call(self, tool: DeclaredTool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if tool.safe:
+            self._record_safe(tool.spec.name, tool.bind(args, kwargs))
+            return tool.fn(*args, **kwargs)
+        _warn_if_blocking_loop(tool)
+        flow = self._effect_flow(tool, tool.bind(args, kwargs))
+        return self._drive(flow, lambda: tool.fn(*args, **kwargs))
+
+    async def acall(self, tool: DeclaredTool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if tool.safe:
+            self._record_safe(tool.spec.name, tool.bind(args, kwargs))
+            return await tool.fn(*args, **kwargs)
+        flow = self._effect_flow(tool, tool.bind(args, kwargs))
+        return await self._adrive(flow, lambda: tool.fn(*args, **kwargs))
+
+    def _record_safe(self, name: str, args: dict[str, Any]) -> None:
+        # next() on itertools.count and deque.append are atomic: no lock on the hot path.
+        self._safe.append({"tool": name, "step_index": next(self._steps), "args": args})
+
+    def _drain_safe(self) -> list[dict[str, Any]]:
+        drained = []
+        while self._safe:
+            drained.append(self._safe.popleft())
+        return drained
+
+    def _effect_flow(self, tool: DeclaredTool, args: dict[str, Any]) -> Flow:
+        """A COMPENSABLE or IRREVERSIBLE call.
+
+        1. Intercept, reporting the SAFE calls queued since the last request.
+        2. ``execute``: run the tool, commit its result (or report the failure, re-raise).
+        3. ``replay``/``await_approval``: settle the effect (below); a committed effect
+           returns its stored result without running, an approved one runs and commits.
+        """
+        answer = yield from self._intercept(tool, args)
+        effect = answer.get("effect") or {}
+        decision = answer.get("decision")
+        if decision in ("rejected", "expired") and not effect.get("state"):
+            effect = {**effect, "state": decision}  # a decision answered without an effect
+        if decision == "execute":
+            return (yield from self._run(effect))
+        effect = yield from self._settle(tool, answer, effect)
+        if effect.get("state") == "committed":
+            return unwrap_result(effect.get("result"))
+        return (yield from self._run(effect))
+
+    def _intercept(self, tool: DeclaredTool, args: dict[str, Any]) -> Flow:
+        body: dict[str, Any] = {"tool": tool.name, "args": args, "step_index": next(self._steps)}
+        if self._reasoning is not None:
+            body["reasoning"], self._reasoning = self._reasoning, None
+        if tool.idempotency_key is not None:
+            body["idempotency_key"] = tool.idempotency_key(args)
+        safe = self._drain_safe()
+        if safe:
+            body["safe_calls"] = safe
+        try:
+            return (yield Call("POST", f"/api/v1/sessions/{self.id}/intercept", body))
+        except UndoLogConnectionError:
+            # The request may never have arrived; keep the SAFE calls for the next one.
+            self._safe.extendleft(reversed(safe))
+            raise
+        except SessionNotRunning as err:
+            self.state = err.state or self.state
+            raise
+
+    def _settle(self, tool: DeclaredTool, answer: Mapping[str, Any],
+                effect: Mapping[str, Any]) -> Flow:
+        """Wait until the effect is committed, or approved for this caller to run."""
+        started = time.monotonic()
+        timeout_at = (answer.get("approval") or {}).get("timeout_at")
+        while True:
+            state = effect.get("state")
+            server_runs = _server_runs(tool, effect)
+            if state == "committed" or (state == "approved" and not server_runs):
+                return effect
+            if state == "pending" or (server_runs and state in ("approved", "executing")):
+                answer = yield from self._poll(tool, effect, started, timeout_at)
+                effect = answer.get("effect") or {}
+                continue
+            raise self._unrunnable(tool, answer, effect)
+
+    def _poll(self, tool: DeclaredTool, effect: Mapping[str, Any], started: float,
+              timeout_at: str | None) -> Flow:
+        """One long poll of the effect, bounded by ``approval_timeout``."""
+        waited = time.monotonic() - started
+        wait = self.poll_wait
+        if self.approval_timeout is not None:
+            remaining = self.approval_timeout - waited
+            if remaining <= 0:
+                raise ApprovalWaitTimeout(
+                    f"{tool.name}: no decision after {self.approval_timeout:g}s; effect "
+                    f"{effect.get('id')} is still {effect.get('state')} on the server",
+                    effect_id=effect.get("id"))
+            wait = min(wait, remaining)
+        self._notify(WaitInfo(tool.name, str(effect.get("id")), str(effect.get("state")),
+                              waited, timeout_at))
+        before = time.monotonic()
+        answer = yield Call("GET", f"/api/v1/effects/{effect.get('id')}",
+                            params={"wait": _wait_param(wait)}, timeout=wait + 15)
+        unchanged = (answer.get("effect") or {}).get("state") == effect.get("state")
+        if unchanged and time.monotonic() - before < 1.0:
+            yield Sleep(1.0)  # the server ignored ?wait=; don't spin
+        return answer
+
+    def _notify(self, info: WaitInfo) -> None:
+        if self.on_wait is not None:
+            self.on_wait(info)
+            return
+        deadline = f", deadline {info.timeout_at}" if info.timeout_at else ""
+        log.info("%s waits for a reviewer (effect %s, %s, %.0fs so far%s)",
+                 info.tool, info.effect_id, info.state, info.waited_s, deadline)
+
+    def _unrunnable(self, tool: DeclaredTool, answer: Mapping[str, Any],
+                    effect: Mapping[str, Any]) -> UndoLogError:
+        state = effect.get("state")
+        body = dict(answer)
+        if state == "rejected":
+            self.state = "halted"
+            reason, reviewer = _decision(answer, effect)
+            return ApprovalRejected(reason=reason, reviewer=reviewer, body=body)
+        if state == "expired":
+            self.state = "halted"
+            return ApprovalExpired(f"{tool.name}: the approval request expired before a "
+                                   "decision; the call was not executed", body=body)
+        if state == "executing":
+            return EffectInFlight(f"{tool.name}: this call (effect {effect.get('id')}) is "
+                                  "being executed elsewhere; not running it twice", body=body)
+        if state == "failed":
+            return EffectFailed(f"{tool.name}: this call failed before and is not retried: "
+                                f"{effect.get('error')}", body=body)
+        if state in _UNDONE:
+            return EffectUndone(f"{tool.name}: this call was already undone ({state})", body=body)
+        return UndoLogError(f"{tool.name}: unexpected effect state {state!r}",
+                            code="unexpected_state", body=body)
+
+    def _run(self, effect: Mapping[str, Any]) -> Flow:
+        effect_id = effect.get("id")
+        try:
+            result = yield RUN
+        except Exception as exc:
+            yield from self._report_failure(effect_id, exc)
+            raise
+        yield from self._commit(effect_id, result)
+        return result
+
+    def _report_failure(self, effect_id: Any, exc: Exception) -> Flow:
+        try:
+            yield Call("POST", f"/api/v1/effects/{effect_id}/fail", {"error": describe(exc)})
+        except UndoLogError as err:
+            # The tool's own exception matters more; the effect stays executing and
+            # the undo walk covers executing effects too.
+            log.warning("could not report failure of effect %s: %s", effect_id, err)
+
+    def _commit(self, effect_id: Any, result: Any) -> Flow:
+        """Commit, retrying a broken connection: the side effect has already happened."""
+        call = Call("POST", f"/api/v1/effects/{effect_id}/commit", {"result": wrap_result(result)})
+        for attempt in range(3):
+            try:
+                yield call
+                return
+            except UndoLogConnectionError:
+                if attempt == 2:
+                    raise
+                yield Sleep(0.25 * 2 ** attempt)
+            except UndoLogError as err:
+                # A 409 after a broken attempt: did that attempt land after all?
+                if attempt == 0 or err.status != 409:
+                    raise
+                current = yield Call("GET", f"/api/v1/effects/{effect_id}")
+                if (current.get("effect") or {}).get("state") == "committed":
+                    return
+                raise
+
+    # -- drivers ------------------------------------------------------------------
+
+    def _drive(self, flow: Flow, run: Callable[[], Any] | None = None) -> Any:
+        value: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                op = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                if isinstance(op, Call):
+                    value = self._http.send(op)
+                elif isinstance(op, Sleep):
+                    time.sleep(op.seconds)
+                else:
+                    value = run() if run is not None else None
+            except Exception as exc:
+                error = exc
+
+    async def _adrive(self, flow: Flow, run: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        value: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                op = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                if isinstance(op, Call):
+                    value = await self._http.asend(op)
+                elif isinstance(op, Sleep):
+                    await asyncio.sleep(op.seconds)
+                else:
+                    value = await run() if run is not None else None
+            except Exception as exc:
+                error = exc
+
+
+def _wait_param(seconds: float) -> int:
+    return min(60, max(1, int(seconds)))  # the server takes 0..60 s per long poll
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _server_runs(tool: DeclaredTool, effect: Mapping[str, Any]) -> bool:
+    """A tool with a server-side executor is run by the worker once approved, never here."""
+    return bool(tool.spec.executor) or bool(effect.get("executor"))
+
+
+def _decision(answer: Mapping[str, Any], effect: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A rejection's reason and reviewer, wherever this server version puts them."""
+    places = [answer.get("approval"), effect.get("approval"), answer, effect]
+    found = [p for p in places if isinstance(p, Mapping)]
+    reason = _first(found, ("reason", "decision_reason", "rejection_reason")) or effect.get("error")
+    reviewer = _first(found, ("decided_by", "reviewer"))
+    if isinstance(reviewer, Mapping):  # a user object rather than a name
+        reviewer = reviewer.get("username") or reviewer.get("name") or reviewer.get("id")
+    return str(reason or ""), (str(reviewer) if reviewer else None)
+
+
+def _first(places: list[Mapping[str, Any]], keys: tuple[str, ...]) -> Any:
+    for place in places:
+        for key in keys:
+            if place.get(key):
+                return place[key]
+    return None
+
+
+def _warn_if_blocking_loop(tool: DeclaredTool) -> None:
+    """A sync tool that reaches the server blocks an event loop it runs on."""
+    if tool._warned_sync:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    tool._warned_sync = True
+    log.warning("sync tool %s makes blocking HTTP calls inside an event loop; "
+                "declare it `async def` in async code", tool.name)
