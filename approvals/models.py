@@ -117,12 +117,19 @@ class ApprovalRequest(models.Model):
         return {"decision": self.decision, "reason": self.decision_reason or None,
                 "decided_by": self.decided_by_label or None}
 
+    @property
+    def has_executor(self) -> bool:
+        tool = self.effect.tool if self.effect.tool_id else None
+        return bool(tool and tool.executor_url)
+
     def caller_fields(self) -> dict[str, Any]:
-        """Added to the effect body (long poll, replay) once decided, so the waiting caller
-        reads the decision where it reads the effect: `{"decision": "rejected", "reason": ...}`."""
-        if self.state == self.State.PENDING:
-            return {}
-        return {"decision": self.decision, "reason": self.decision_reason or None}
+        """Added to the effect body (long poll, replay), so the waiting caller reads it where it
+        reads the effect: whether the worker runs the call (`executor`), and once decided,
+        `{"decision": "rejected", "reason": ...}`. Load with `select_related("effect__tool")`."""
+        fields: dict[str, Any] = {"executor": self.has_executor}
+        if self.state != self.State.PENDING:
+            fields.update(decision=self.decision, reason=self.decision_reason or None)
+        return fields
 
     def event_data(self) -> dict[str, Any]:
         return {"approval": self.summary(), "tool": self.tool_name, "effect": str(self.effect_id),

@@ -33,7 +33,7 @@ class Receiver:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's spelling)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with owner._lock:
                     owner.requests.append(Received(self.path, dict(self.headers), body, time.monotonic()))
