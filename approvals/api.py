@@ -95,19 +95,28 @@ def approval_item(approval: ApprovalRequest) -> dict[str, Any]:
     body: dict[str, Any] = dict(events.approval_payload(approval))
     del body["agent_context"]
     body["reasoning"] = approval.effect.reasoning.strip().splitlines()[0][:300] if approval.effect.reasoning else ""
-    body["seconds_left"] = max(0, int((approval.timeout_at - timezone.now()).total_seconds())) \
-        if approval.state == ApprovalRequest.State.PENDING else None
+    body["seconds_left"] = _seconds_left(approval)
     return body
 
 
 def approval_detail(approval: ApprovalRequest) -> dict[str, Any]:
     """The request with its full context, the effect and session as they are now, and history."""
-    body = {**approval_item(approval), **events.approval_payload(approval)}
-    body.update(decided_args_digest=approval.decided_args_digest or None, effect_state=approval.effect.state,
-                session_state=approval.session.state, session_step_index=approval.session.step_index,
-                reasoning=approval.effect.reasoning,
-                history=[t.as_dict() for t in EffectTransition.objects.filter(effect_id=approval.effect_id)])
-    return body
+    return {
+        **events.approval_payload(approval),
+        "reasoning": approval.effect.reasoning,
+        "seconds_left": _seconds_left(approval),
+        "decided_args_digest": approval.decided_args_digest or None,
+        "effect_state": approval.effect.state,
+        "session_state": approval.session.state,
+        "session_step_index": approval.session.step_index,
+        "history": [t.as_dict() for t in EffectTransition.objects.filter(effect_id=approval.effect_id)],
+    }
+
+
+def _seconds_left(approval: ApprovalRequest) -> int | None:
+    if approval.state != ApprovalRequest.State.PENDING:
+        return None
+    return max(0, int((approval.timeout_at - timezone.now()).total_seconds()))
 
 
 class ApprovalViewSet(ViewSet):
@@ -215,7 +224,7 @@ def approval_stats(org) -> dict[str, Any]:
             for n in range(STATS_DAYS, -1, -1)}
     waits = []
     for state, label, created, decided_at in rows:
-        day = days[_day(decided_at, org)]
+        day = days.get(_day(decided_at, org)) or {"approved": 0, "rejected": 0, "expired": 0, "waits": []}
         count[state] += 1
         day[state] += 1
         if label == TIMEOUT_LABEL:

@@ -153,8 +153,9 @@ class ApprovalRequest(models.Model):
                            code="args_digest_mismatch", args_digest=self.args_digest)
         label = _label(by)
         with transaction.atomic():
+            # A person approves before the deadline; after it, only the deadline decides.
             self._decide(self.State.APPROVED, by, label, reason, due_only=by is None,
-                         decided_args_digest=self.args_digest)
+                         before_deadline=by is not None, decided_args_digest=self.args_digest)
             effect, session = self._effect_and_session()
             effect.approve(actor=label, reason=reason)
             if not _release(session, session.resume_running, label, reason or "approved"):
@@ -204,7 +205,7 @@ class ApprovalRequest(models.Model):
                          **self.event_data())
 
     def extend(self, minutes: int, by=None) -> None:
-        """Push the deadline `minutes` past the later of now and the current deadline."""
+        """Push a deadline that has not passed yet `minutes` further."""
         if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MAX_EXTEND_MINUTES:
             raise Invalid({"minutes": f"Must be a whole number from 1 to {MAX_EXTEND_MINUTES}."},
                           f"minutes must be a whole number from 1 to {MAX_EXTEND_MINUTES}.")
@@ -214,25 +215,32 @@ class ApprovalRequest(models.Model):
             row = ApprovalRequest.objects.select_for_update().get(pk=self.pk)
             if row.state != self.State.PENDING:
                 raise _already_decided(row.state)
-            self.timeout_at = max(row.timeout_at, timezone.now()) + timedelta(minutes=minutes)
+            if row.timeout_at <= timezone.now():
+                raise _deadline_passed(row.timeout_at)
+            self.timeout_at = row.timeout_at + timedelta(minutes=minutes)
             ApprovalRequest.objects.filter(pk=self.pk).update(timeout_at=self.timeout_at)
             Event.record(self.org, "approval.extended", agent=self.session.agent, session_id=self.session_id,
                          approval=self.summary(), tool=self.tool_name, effect=str(self.effect_id),
                          minutes=minutes, extended_by=_label(by))
 
-    def _decide(self, to: str, by, label: str, reason: str, *, due_only: bool = False, **fields: Any) -> None:
+    def _decide(self, to: str, by, label: str, reason: str, *, due_only: bool = False,
+                before_deadline: bool = False, **fields: Any) -> None:
+        """The guarded UPDATE every decision starts with: of concurrent deciders, one wins."""
         now = timezone.now()
         rows = ApprovalRequest.objects.filter(pk=self.pk, state=self.State.PENDING)
         if due_only:
             rows = rows.filter(timeout_at__lte=now)  # an extension that landed first wins
+        if before_deadline:
+            rows = rows.filter(timeout_at__gt=now)
         changed = rows.update(state=to, decided_by=by, decided_by_label=label, decision_reason=reason,
                               decided_at=now, **fields)
         if changed != 1:
-            current = ApprovalRequest.objects.filter(pk=self.pk).values_list("state", flat=True).first()
-            if current == self.State.PENDING:
-                raise Conflict("The deadline was extended; the request is not due.", code="not_due",
-                               state=current)
-            raise _already_decided(current)
+            current = ApprovalRequest.objects.filter(pk=self.pk).values_list("state", "timeout_at").first()
+            if current is None or current[0] != self.State.PENDING:
+                raise _already_decided(current[0] if current else None)
+            if before_deadline:
+                raise _deadline_passed(current[1])
+            raise Conflict("The deadline was extended; the request is not due.", code="not_due", state=current[0])
         self.state, self.decided_by, self.decided_by_label = to, by, label
         self.decision_reason, self.decided_at = reason, now
         for name, value in fields.items():
@@ -260,6 +268,12 @@ def _label(by) -> str:
 def _already_decided(state: str | None) -> Conflict:
     return Conflict(f"This request was already decided ({state}); a decision is final.",
                     code="already_decided", state=state)
+
+
+def _deadline_passed(timeout_at) -> Conflict:
+    return Conflict(f"The deadline passed at {timeout_at.isoformat()}; the request is being decided by its "
+                    "deadline (auto-approved or expired). It can still be rejected.",
+                    code="deadline_passed", timeout_at=timeout_at.isoformat())
 
 
 def _release(session: Session, verb, actor: str, reason: str) -> bool:
@@ -354,6 +368,7 @@ class WebhookDelivery(models.Model):
     TERMINAL = frozenset({State.DELIVERED, State.FAILED, State.CANCELLED})
     # Longer than the longest request (executor timeouts are capped at 120 s).
     LEASE = timedelta(minutes=3)
+    CLOCK_SKEW = timedelta(seconds=2)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
@@ -429,7 +444,8 @@ class WebhookDelivery(models.Model):
     def claim(self) -> int | None:
         """Take the row for one attempt; the attempt's number, or None if it is not ours to take."""
         now = timezone.now()
-        changed = WebhookDelivery.objects.due(now).filter(pk=self.pk).update(
+        # Early by the clock skew between hosts, so a message that is on time is never dropped.
+        changed = WebhookDelivery.objects.due(now, grace=-self.CLOCK_SKEW).filter(pk=self.pk).update(
             claimed_at=now, attempts=F("attempts") + 1)
         if changed != 1:
             return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -175,7 +177,7 @@ def test_reject_with_rollback_fails_the_session_so_its_undo_stack_is_walked(acme
                               + "?rollback=perhaps", {"reason": "no"}, format="json").status_code == 400
 
 
-def test_extend_pushes_the_deadline_from_the_later_of_now_and_the_deadline(acme):
+def test_extend_pushes_the_deadline_further(acme):
     body = hold(acme)
     before = ApprovalRequest.objects.get(pk=body["approval"]["id"]).timeout_at
 
@@ -272,3 +274,49 @@ def test_a_run_that_ended_while_waiting_cannot_be_approved_but_can_be_rejected(a
     reject = acme.reviewer.post(url(body["approval"]["id"], "reject"), {"reason": "run is over"}, format="json")
     assert reject.status_code == 200
     assert Session.objects.get(pk=body["session"]).state == state
+
+
+def test_after_the_deadline_only_the_deadline_approves_but_a_reviewer_may_still_reject(acme):
+    body = hold(acme)
+    ApprovalRequest.objects.filter(pk=body["approval"]["id"]).update(timeout_at=timezone.now() - timedelta(seconds=1))
+
+    for verb, data in [("approve", {}), ("extend", {"minutes": 5})]:
+        late = acme.reviewer.post(url(body["approval"]["id"], verb), data, format="json")
+        assert late.status_code == 409, verb
+        assert late.json()["error"] == "deadline_passed"
+    assert ApprovalRequest.objects.get(pk=body["approval"]["id"]).state == "pending"
+    assert acme.reviewer.post(url(body["approval"]["id"], "reject"), {"reason": "too late anyway"},
+                              format="json").status_code == 200
+
+
+def test_a_reviewer_logged_in_with_a_session_needs_the_csrf_token(acme):
+    from django.test import Client
+
+    body = hold(acme)
+    acme.reviewer.user.set_password("pw")
+    acme.reviewer.user.save()
+    browser = Client(enforce_csrf_checks=True)
+    login = browser.get("/accounts/login/")
+    browser.post("/accounts/login/", {"username": "acme-reviewer", "password": "pw",
+                                      "csrfmiddlewaretoken": login.cookies["csrftoken"].value})
+
+    without = browser.post(url(body["approval"]["id"], "approve"), {}, content_type="application/json")
+    assert without.status_code == 403
+    assert ApprovalRequest.objects.get(pk=body["approval"]["id"]).state == "pending"
+    token = browser.cookies["csrftoken"].value
+    with_token = browser.post(url(body["approval"]["id"], "approve"), {}, content_type="application/json",
+                              HTTP_X_CSRFTOKEN=token)
+    assert with_token.status_code == 200, with_token.content
+
+
+def test_the_queue_takes_the_same_queries_for_one_request_or_twenty(acme, django_assert_max_num_queries):
+    hold(acme)
+    with CaptureQueriesContext(connection) as one:
+        acme.reviewer.get("/api/v1/approvals?state=pending")
+    queries_for_one = len(one)  # now: the log it reads is reset by the next request
+    for n in range(19):
+        hold(acme, args={"account_id": f"acct-{n}"})
+
+    with django_assert_max_num_queries(queries_for_one):
+        response = acme.reviewer.get("/api/v1/approvals?state=pending")
+    assert len(response.json()["approvals"]) == 20
