@@ -162,12 +162,14 @@ def test_deadlines_missed_while_the_worker_was_down_are_caught_up(server, worker
 
 def test_an_extended_deadline_is_not_expired_by_the_sweep(server, worker):
     acme = make_persona("acme")
-    register(acme, irreversible("drop_table", timeout_s=1))
+    register(acme, irreversible("drop_table", timeout_s=2))
     http = Http(server, acme)
-    held = http.intercept(http.open_session(), "drop_table", {"account_id": "t1"}, 1).json()
+    session = http.open_session()
+    held_at = time.monotonic()
+    held = http.intercept(session, "drop_table", {"account_id": "t1"}, 1).json()
 
     extended = http.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/extend", json={"minutes": 5})
-    time.sleep(3)  # more than the old deadline plus a beat period
+    time.sleep(max(0.0, held_at + 2 + 2.2 - time.monotonic()))  # past the old deadline by a beat period
 
     assert extended.status_code == 200
     assert ApprovalRequest.objects.get(pk=held["approval"]["id"]).state == "pending"
