@@ -290,6 +290,11 @@ class SessionCreateSerializer(StrictSerializer):
 
 class FailSerializer(StrictSerializer):
     error = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+    safe_calls = serializers.JSONField(required=False, default=None)
+
+
+class CompleteSerializer(StrictSerializer):
+    safe_calls = serializers.JSONField(required=False, default=None)
 
 
 def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
@@ -353,7 +358,7 @@ class SessionViewSet(ViewSet):
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(session_dict(self._get(request, pk), full=True))
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="v1_sessions_list", responses={200: dict})
     def list(self, request: Request) -> Response:
         sessions = sessions_for(request)
         state = request.query_params.get("state")
@@ -368,10 +373,18 @@ class SessionViewSet(ViewSet):
         answer = pipeline.intercept(request.user.agent, pk, call)
         return Response(answer.body, status=answer.status)
 
-    @extend_schema(request=None, responses={200: dict})
+    def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:
+        reported = pipeline.parse_safe_calls(raw)
+        if reported and caller_of(request).agent:
+            pipeline.report_safe_calls(caller_of(request).agent, pk, reported)
+
+    @extend_schema(request=CompleteSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk: str) -> Response:
+        data = _validated(CompleteSerializer, request.data or {})
         session = self._get(request, pk)
+        self._charge_last_safe_calls(request, pk, data["safe_calls"])
+        session.refresh_from_db()
         session.complete(actor=caller_of(request).label)
         return Response({"session": session_dict(session)})
 
@@ -380,6 +393,8 @@ class SessionViewSet(ViewSet):
     def fail(self, request: Request, pk: str) -> Response:
         data = _validated(FailSerializer, request.data or {})
         session = self._get(request, pk)
+        self._charge_last_safe_calls(request, pk, data["safe_calls"])
+        session.refresh_from_db()
         session.fail(data["error"], actor=caller_of(request).label)
         return Response({"session": session_dict(session)})
 
@@ -410,7 +425,7 @@ class EffectViewSet(ViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{36}"
 
     def get_permissions(self):
-        if self.action in ("commit", "fail"):
+        if self.action in ("commit", "fail", "start"):
             return [IsAgent()]
         return [IsAgentOrMember()]
 
@@ -437,6 +452,15 @@ class EffectViewSet(ViewSet):
         body = _effect_body(effect)
         # A decided irreversible call: the decision at the top too ({"decision": "rejected", "reason"}).
         return Response({"effect": body, **{k: body[k] for k in ("decision", "reason") if k in body}})
+
+    @extend_schema(request=None, responses={200: dict, 409: dict})
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str) -> Response:
+        """Claim an approved effect before running it (approved → executing): when two
+        callers wait on the same approval, only the first to start may run the tool."""
+        effect = self._get(request, pk)
+        effect.start_executing(actor=caller_of(request).label)
+        return Response({"effect": effect.as_dict()})
 
     @extend_schema(request=CommitSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])

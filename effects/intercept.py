@@ -107,6 +107,27 @@ def parse(data: Any) -> Call:
                 safe_calls=safe_calls)
 
 
+def parse_safe_calls(data: Any) -> list[ReportedSafeCall]:
+    """`safe_calls` sent with /complete or /fail: the run's last SAFE calls."""
+    errors: dict[str, str] = {}
+    calls = _parse_safe_calls(data, errors)
+    if errors:
+        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
+    return calls
+
+
+def report_safe_calls(agent: Agent, session_id: Any, reported: list[ReportedSafeCall]) -> None:
+    """Charge SAFE calls that no intercept carried (those after the run's last intercept)."""
+    if not reported:
+        return
+    with transaction.atomic():
+        session = _lock_session(agent, session_id)
+        names = {safe.tool for safe in reported}
+        tools = {tool.name: tool for tool in Tool.objects.for_org(agent.org_id).filter(name__in=names)}
+        _record_safe_calls(session, reported, tools)
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+
+
 def call_signature(session: Session, call: Call) -> str:
     if call.idempotency_key:
         return sha256(canonical_json([str(session.id), "idempotency_key", call.idempotency_key]))

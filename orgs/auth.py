@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from orgs.models import Agent, AgentKey, Membership, Organization
@@ -124,3 +125,14 @@ class IsAgentOrMember(permissions.BasePermission):
         if isinstance(user, AgentPrincipal):
             return True
         return bool(user and user.is_authenticated and caller_of(request).membership)
+
+
+
+class AgentKeyScheme(OpenApiAuthenticationExtension):
+    """Documents agent keys in the OpenAPI schema as HTTP bearer auth."""
+
+    target_class = "orgs.auth.AgentKeyAuthentication"
+    name = "agentKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "An agent key: ul_<prefix>_<secret>"}

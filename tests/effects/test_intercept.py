@@ -156,3 +156,30 @@ def test_another_agents_session_is_404(acme, outsider, session_id):
 def test_a_second_session_starts_at_step_zero(acme, tools):
     assert acme.api.post("/api/v1/sessions", {"agent": "cleanup"}, format="json").json()["step_index"] == 0
     assert open_session(acme) != open_session(acme)
+
+
+def test_safe_calls_after_the_last_intercept_are_charged_on_complete(acme, session_id):
+    intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1)
+
+    response = acme.api.post(f"/api/v1/sessions/{session_id}/complete",
+                             {"safe_calls": [{"tool": "list_inactive_accounts", "step_index": 2, "args": {}}]},
+                             format="json")
+
+    assert response.status_code == 200
+    assert response.json()["session"]["state"] == "completed"
+    session = Session.objects.get(pk=session_id)
+    assert (session.tool_calls, session.step_index) == (2, 2)
+    assert SafeCall.objects.filter(session=session).count() == 1
+
+
+def test_only_the_first_caller_may_start_an_approved_effect(acme, session_id):
+    effect_id = intercept(acme, session_id, "delete_account", {"account_id": "a1"}, 1).json()["effect"]["id"]
+    Effect.objects.get(pk=effect_id).approve("reviewer")
+
+    first = acme.api.post(f"/api/v1/effects/{effect_id}/start")
+    second = acme.api.post(f"/api/v1/effects/{effect_id}/start")
+
+    assert first.status_code == 200
+    assert first.json()["effect"]["state"] == "executing"
+    assert second.status_code == 409
+    assert second.json()["error"] == "effect_state_conflict"
