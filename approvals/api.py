@@ -144,7 +144,7 @@ class ApprovalViewSet(ViewSet):
             raise NotFound("No such approval request.", code="approval_not_found")
         return approval
 
-    @extend_schema(parameters=[
+    @extend_schema(operation_id="v1_approvals_list", parameters=[
         OpenApiParameter("state", str, enum=list(ApprovalRequest.State.values),
                          description="pending: oldest deadline first; otherwise newest decision first."),
         OpenApiParameter("limit", int, description="At most this many (default 100, at most 500).")],
@@ -349,7 +349,7 @@ class WebhookViewSet(ViewSet):
             raise NotFound("No such webhook.", code="webhook_not_found")
         return hook
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="v1_webhooks_list", responses={200: dict})
     def list(self, request: Request) -> Response:
         hooks = OrgWebhook.objects.for_org(caller_of(request).org)
         return Response({"webhooks": [webhook_dict(hook) for hook in hooks]})

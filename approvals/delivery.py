@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from approvals import webhooks
 from approvals.models import DeliveryAttempt, WebhookDelivery
-from effects.models import Effect
+from effects.models import Effect, EffectTransition
 from undolog_site.errors import Conflict
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def run(delivery_id: str) -> str:
     number = delivery.claim()
     if number is None:
         return "not ours"
-    if delivery.purpose == WebhookDelivery.Purpose.EXECUTOR and not _start_execution(delivery):
+    if delivery.purpose == WebhookDelivery.Purpose.EXECUTOR and not _start_execution(delivery, number):
         return "cancelled"
     started = timezone.now()
     result = webhooks.post(delivery.url, delivery.body, secret=delivery.secret,
@@ -45,17 +45,30 @@ def run(delivery_id: str) -> str:
     return _settle(delivery, number, started, result)
 
 
-def _start_execution(delivery: WebhookDelivery) -> bool:
+def _start_execution(delivery: WebhookDelivery, number: int) -> bool:
+    """Run only what the executor itself claimed: the first attempt moves the effect
+    approved → executing; later ones find it executing by the executor (a retry, or a worker
+    that died after claiming). A caller that claimed it first (`POST /effects/{id}/start`)
+    runs it instead, so nothing runs twice."""
     effect = Effect.objects.get(pk=delivery.effect_id)
     if effect.state == Effect.State.APPROVED:
         try:
             effect.start_executing(actor=EXECUTOR_ACTOR)
         except Conflict:
             effect.refresh_from_db()
-    if effect.state == Effect.State.EXECUTING and effect.args_digest == delivery.body.get("args_digest"):
-        return True  # first attempt, or a retry of one that may have reached the executor
-    delivery.finish(state=WebhookDelivery.State.CANCELLED, last_error=f"The effect is {effect.state}; not executed.")
+        else:
+            return True
+    if number > 1 and effect.state == Effect.State.EXECUTING and _claimed_by_executor(effect):
+        return True
+    delivery.finish(state=WebhookDelivery.State.CANCELLED,
+                    last_error=f"The effect is {effect.state} and not the executor's to run.")
     return False
+
+
+def _claimed_by_executor(effect: Effect) -> bool:
+    claim = (EffectTransition.objects.filter(effect_id=effect.pk, to_state=Effect.State.EXECUTING)
+             .order_by("-created", "-id").values_list("actor", flat=True).first())
+    return claim == EXECUTOR_ACTOR
 
 
 def _settle(delivery: WebhookDelivery, number: int, started, result: webhooks.Delivery) -> str:

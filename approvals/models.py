@@ -338,12 +338,15 @@ class OrgWebhook(models.Model):
         return not self.event_types or kind in self.event_types
 
 
+def _unheld(now) -> Q:
+    return Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - WebhookDelivery.LEASE)
+
+
 class WebhookDeliveryQuerySet(models.QuerySet):
     def due(self, now=None, *, grace: timedelta = timedelta(0)) -> WebhookDeliveryQuerySet:
         """Pending rows whose time has come (by `grace` at least) and that nobody holds."""
         now = now or timezone.now()
-        return self.filter(state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now - grace).filter(
-            Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - WebhookDelivery.LEASE))
+        return self.filter(_unheld(now), state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now - grace)
 
 
 class WebhookDelivery(models.Model):
@@ -368,7 +371,6 @@ class WebhookDelivery(models.Model):
     TERMINAL = frozenset({State.DELIVERED, State.FAILED, State.CANCELLED})
     # Longer than the longest request (executor timeouts are capped at 120 s).
     LEASE = timedelta(minutes=3)
-    CLOCK_SKEW = timedelta(seconds=2)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
@@ -444,9 +446,12 @@ class WebhookDelivery(models.Model):
     def claim(self) -> int | None:
         """Take the row for one attempt; the attempt's number, or None if it is not ours to take."""
         now = timezone.now()
-        # Early by the clock skew between hosts, so a message that is on time is never dropped.
-        changed = WebhookDelivery.objects.due(now, grace=-self.CLOCK_SKEW).filter(pk=self.pk).update(
-            claimed_at=now, attempts=F("attempts") + 1)
+        # A first attempt is due when its message arrives: the row was written on another host,
+        # whose clock may be ahead of ours. A retry waits for its time (a countdown that arrives
+        # early on a skewed host is dropped, and the sweep sends the row again once due).
+        changed = WebhookDelivery.objects.filter(
+            _unheld(now), Q(attempts=0) | Q(next_attempt_at__lte=now), pk=self.pk,
+            state=WebhookDelivery.State.PENDING).update(claimed_at=now, attempts=F("attempts") + 1)
         if changed != 1:
             return None
         self.refresh_from_db(fields=["attempts", "claimed_at", "state"])
