@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class ApprovalsConfig(AppConfig):
     name = "approvals"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Connects the event_recorded receiver that fans events out (Channels, webhooks, email).
+        from approvals import notify  # noqa: F401

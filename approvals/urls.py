@@ -1,1 +1,15 @@
-urlpatterns: list = []
+"""Reviewer API routes under /api/v1/."""
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from approvals import api
+
+router = SimpleRouter(trailing_slash=False)
+router.register("approvals", api.ApprovalViewSet, basename="approval")
+router.register("webhooks", api.WebhookViewSet, basename="webhook")
+
+urlpatterns = [
+    path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),
+    *router.urls,
+]

@@ -449,7 +449,9 @@ class EffectViewSet(ViewSet):
 
             longpoll.wait(effect.pk, wait, changed)
             effect.refresh_from_db()
-        return Response({"effect": _effect_body(effect)})
+        body = _effect_body(effect)
+        # A decided irreversible call: the decision at the top too ({"decision": "rejected", "reason"}).
+        return Response({"effect": body, **{k: body[k] for k in ("decision", "reason") if k in body}})
 
     @extend_schema(request=None, responses={200: dict, 409: dict})
     @action(detail=True, methods=["post"])
@@ -482,10 +484,11 @@ def _effect_body(effect: Effect) -> dict[str, Any]:
     if effect.tier == Tier.IRREVERSIBLE:
         from approvals.models import ApprovalRequest
 
-        approval = ApprovalRequest.objects.filter(effect=effect).first()
+        approval = ApprovalRequest.objects.select_related("effect__tool").filter(effect=effect).first()
         if approval is not None:
             body["approval"] = {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                                "reason": approval.decision_reason or None}
+                                "reason": approval.decision_reason or None, "decision": approval.decision}
+            body.update(approval.caller_fields())
     return body
 
 

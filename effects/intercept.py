@@ -188,7 +188,8 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     from approvals import notify
 
     notify.approval_requested(approval)
-    return Answer(202, {"decision": "await_approval", "effect": effect.as_dict(), "approval": approval.summary()})
+    effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
+    return Answer(202, {"decision": "await_approval", "effect": effect_body, "approval": approval.summary()})
 
 
 def _lock_session(agent: Agent, session_id: Any) -> Session:
@@ -223,9 +224,10 @@ def _replay(existing: Effect, call: Call) -> Answer:
                        code="idempotency_key_reused", effect=existing.as_dict())
     body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
     if existing.tier == Tier.IRREVERSIBLE:
-        approval = ApprovalRequest.objects.filter(effect=existing).first()
+        approval = ApprovalRequest.objects.select_related("effect__tool").filter(effect=existing).first()
         if approval is not None:
             body["approval"] = approval.summary()
+            body["effect"].update(approval.caller_fields())
             if approval.decision_reason:
                 body["reason"] = approval.decision_reason
     return Answer(200, body)

@@ -234,7 +234,8 @@ class Event(models.Model):
     @classmethod
     def record(cls, org: Organization, kind: str, /, *, agent: Agent | None = None,
                session_id: uuid.UUID | None = None, **data) -> Event:
-        # Positional-only, so event data may carry its own `kind` (a refusal's budget/approval).
+        # org and kind are positional-only, so the data may have keys named "kind" or "org"
+        # (a refusal's data does: {"kind": "budget", ...}).
         event = cls.objects.create(org=org, kind=kind, agent=agent, session_id=session_id, data=data)
         transaction.on_commit(lambda: event_recorded.send(sender=cls, event=event))
         return event

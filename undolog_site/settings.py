@@ -158,6 +158,12 @@ CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "0")
 CELERY_BEAT_SCHEDULE: dict = {
     # Escalation webhooks whose message was lost or whose worker died (rows are the truth).
     "budgets-sweep-escalations": {"task": "budgets.tasks.sweep_escalations", "schedule": 60.0},
+    # Approval deadlines: a guarded sweep of due rows, so a restarted worker catches up.
+    "approvals.sweep_deadlines": {"task": "approvals.tasks.sweep_deadlines", "schedule": 2.0,
+                                  "options": {"expires": 10}},
+    # Webhook deliveries and executions whose Celery message was lost.
+    "approvals.sweep_deliveries": {"task": "approvals.tasks.sweep_deliveries", "schedule": 5.0,
+                                   "options": {"expires": 30}},
 }
 
 CHANNEL_LAYERS = {
@@ -221,11 +227,24 @@ SPECTACULAR_SETTINGS = {
 
 # Outgoing webhooks may reach loopback/private addresses only when this is on (SSRF).
 UNDOLOG_ALLOW_PRIVATE_WEBHOOKS = envbool("UNDOLOG_ALLOW_PRIVATE_WEBHOOKS", "1" if DEBUG else "0")
+# Outgoing notification webhooks: per-request timeout, attempts, and the first retry's
+# delay (doubling each time, at most 1 h between attempts).
+UNDOLOG_WEBHOOK_TIMEOUT_MS = envint("UNDOLOG_WEBHOOK_TIMEOUT_MS", "10000")
+UNDOLOG_WEBHOOK_MAX_ATTEMPTS = envint("UNDOLOG_WEBHOOK_MAX_ATTEMPTS", "6")
+UNDOLOG_WEBHOOK_RETRY_BASE_MS = envint("UNDOLOG_WEBHOOK_RETRY_BASE_MS", "1000")
+# Executor webhooks (an approved call run by the worker): attempts before the effect fails.
+UNDOLOG_EXECUTOR_MAX_ATTEMPTS = envint("UNDOLOG_EXECUTOR_MAX_ATTEMPTS", "3")
 # Longest long poll on GET /api/v1/effects/{id}?wait=
 UNDOLOG_MAX_WAIT_S = 60
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "undolog@localhost")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", "25")
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "0")
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 
 if not DEBUG:
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "1")

@@ -1,0 +1,188 @@
+"""Event payloads (typed) and the one notifier that publishes them to an org's Channels group.
+
+Every event recorded with `Event.record` reaches the org's group `org.<org id>` as
+`{"type": "<event kind>", "payload": <one of the TypedDicts below>}`; a websocket consumer
+handles it in the method named after the kind (`approval.requested` → `approval_requested`).
+Webhooks get the same `{"type", "payload"}` body (or a Slack rendering of it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NotRequired, TypedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from orgs.models import Event
+
+log = logging.getLogger(__name__)
+
+APPROVAL_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired", "approval.extended"})
+
+
+class CallInContext(TypedDict):
+    step_index: int
+    tool: str
+    tier: str
+    args: dict[str, Any]
+    state: str
+    result: str | None
+    error: str | None
+
+
+class ReasoningStep(TypedDict):
+    step_index: int
+    text: str
+
+
+class AgentContext(TypedDict):
+    calls: list[CallInContext]
+    reasoning: list[ReasoningStep]
+
+
+class ApprovalPayload(TypedDict):
+    """An approval request as a reviewer sees it, full context included."""
+
+    id: str
+    state: str
+    decision: str | None
+    tool: str
+    agent: str
+    session: str
+    effect: str
+    step_index: int
+    reason: str
+    risk_tags: list[str]
+    estimated_impact: str
+    proposed_args: dict[str, Any]
+    args_digest: str
+    agent_context: AgentContext
+    timeout_at: str
+    auto_approve_on_timeout: bool
+    executor: bool
+    created: str
+    decided_by: str | None
+    decided_at: str | None
+    decision_reason: str | None
+    rollback: bool
+
+
+class EventPayload(TypedDict):
+    """Every event: what happened, in which run, when, and the event's own data."""
+
+    id: str
+    kind: str
+    org: str
+    agent: str | None
+    session: str | None
+    created: str
+    data: dict[str, Any]
+
+
+class ApprovalEventPayload(EventPayload):
+    """approval.requested / .decided / .expired / .extended: the request as it is now."""
+
+    approval: ApprovalPayload
+
+
+class Message(TypedDict):
+    type: str
+    payload: EventPayload
+    text: NotRequired[str]
+
+
+def group_name(org_id: Any) -> str:
+    return f"org.{org_id}"
+
+
+def approval_payload(approval) -> ApprovalPayload:
+    """`approval` with `effect`, `session__agent` and `effect__tool` loaded (one query)."""
+    effect = approval.effect
+    return ApprovalPayload(
+        id=str(approval.id), state=approval.state, decision=approval.decision, tool=approval.tool_name,
+        agent=approval.session.agent.name, session=str(approval.session_id), effect=str(approval.effect_id),
+        step_index=effect.step_index, reason=approval.reason, risk_tags=approval.risk_tags,
+        estimated_impact=approval.estimated_impact, proposed_args=approval.proposed_args,
+        args_digest=approval.args_digest, agent_context=approval.agent_context,
+        timeout_at=approval.timeout_at.isoformat(), auto_approve_on_timeout=approval.auto_approve_on_timeout,
+        executor=bool(effect.tool_id and effect.tool and effect.tool.executor_url),
+        created=approval.created.isoformat(), decided_by=approval.decided_by_label or None,
+        decided_at=approval.decided_at.isoformat() if approval.decided_at else None,
+        decision_reason=approval.decision_reason or None, rollback=approval.rollback,
+    )
+
+
+def payload_for(event: Event) -> EventPayload | ApprovalEventPayload:
+    base = EventPayload(
+        id=str(event.id), kind=event.kind, org=str(event.org_id),
+        agent=event.agent.name if event.agent_id and event.agent else None,
+        session=str(event.session_id) if event.session_id else None,
+        created=event.created.isoformat(), data=event.data,
+    )
+    approval_id = (event.data.get("approval") or {}).get("id") if event.kind in APPROVAL_KINDS else None
+    if approval_id:
+        from approvals.models import ApprovalRequest
+
+        approval = (ApprovalRequest.objects.select_related("effect__tool", "session__agent")
+                    .filter(pk=approval_id, org_id=event.org_id).first())
+        if approval is not None:
+            return ApprovalEventPayload(**base, approval=approval_payload(approval))
+    return base
+
+
+def publish(org_id: Any, kind: str, payload: EventPayload) -> bool:
+    """Send one message to the org's group. The layer may drop it (clients re-fetch on
+    reconnect), so a failure is logged, never raised into the request that caused it."""
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    try:
+        async_to_sync(layer.group_send)(group_name(org_id), Message(type=kind, payload=payload))
+    except Exception:  # Redis down must not fail a committed decision
+        log.exception("could not publish %s to the org's channel group", kind)
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- words for people
+
+
+def describe(payload: EventPayload) -> str:
+    """One line a person reads in Slack or an email subject."""
+    kind, data = payload["kind"], payload["data"]
+    approval = payload.get("approval")
+    agent = payload["agent"] or "an agent"
+    if approval is not None:
+        tool = approval["tool"]
+        if kind == "approval.requested":
+            impact = f": {approval['estimated_impact']}" if approval["estimated_impact"] else ""
+            return f"{agent} asks to run {tool}{impact} (decide by {approval['timeout_at'][:19]}Z)."
+        if kind == "approval.decided":
+            why = f": {approval['decision_reason']}" if approval["decision_reason"] else ""
+            return f"{approval['decided_by']} {approval['decision']} {agent}'s call to {tool}{why}."
+        if kind == "approval.expired":
+            return f"{agent}'s call to {tool} expired without a decision; the run was halted."
+        if kind == "approval.extended":
+            return f"{data.get('extended_by')} extended the deadline for {agent}'s call to {tool}."
+    if kind == "compensation.failed":
+        return f"A compensation of {agent}'s run failed and needs a person: {data.get('error') or data}."
+    if kind == "permission_denied":
+        return f"{agent}'s call to {data.get('tool_name')} was refused ({data.get('kind')}): {data.get('reason')}."
+    return f"{kind} ({agent}): {data}"
+
+
+def slack_body(payload: EventPayload, link: str = "") -> dict[str, Any]:
+    """A Slack incoming-webhook body: `text` (notifications, fallbacks) and `blocks`."""
+    text = describe(payload)
+    fields = [f"*Event*\n{payload['kind']}", f"*Agent*\n{payload['agent'] or '-'}"]
+    approval = payload.get("approval")
+    if approval is not None:
+        fields += [f"*Tool*\n{approval['tool']}", f"*Risk*\n{', '.join(approval['risk_tags']) or '-'}"]
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": f"undolog · {payload['created'][:19]}Z"
+                                          + (f" · <{link}|open>" if link else "")}]},
+    ]
+    return {"text": text, "blocks": blocks}

@@ -1,0 +1,93 @@
+"""Events reach the org's Channels group through the real (Redis) channel layer, typed and with
+the full context; another org's group hears nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+
+from approvals import events
+from tests.approvals.conftest import hold
+from tests.conftest import make_persona
+
+
+def listen(groups: list[str], act, *, expect: int, quiet_s: float = 0.3) -> dict[str, list[dict]]:
+    """Join `groups`, run `act()` (sync, in the test's thread), and collect messages per group
+    until `expect` arrived and then `quiet_s` passed without another."""
+
+    async def scenario() -> dict[str, list[dict]]:
+        layer = get_channel_layer()
+        channels = {group: await layer.new_channel() for group in groups}
+        for group, channel in channels.items():
+            await layer.group_add(group, channel)
+        await sync_to_async(act)()
+        received: dict[str, list[dict]] = {group: [] for group in groups}
+
+        async def drain(group: str, channel: str) -> None:
+            while True:
+                received[group].append(await layer.receive(channel))
+
+        tasks = [asyncio.ensure_future(drain(group, channel)) for group, channel in channels.items()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while sum(map(len, received.values())) < expect and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(quiet_s)
+        for task in tasks:
+            task.cancel()
+        for group, channel in channels.items():
+            await layer.group_discard(group, channel)
+        return received
+
+    return async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_request_reaches_the_orgs_group_with_its_full_context_and_nowhere_else():
+    acme, globex = make_persona("acme"), make_persona("globex")
+    held: dict = {}
+
+    received = listen([events.group_name(acme.org.id), events.group_name(globex.org.id)],
+                      lambda: held.update(hold(acme, reasoning="inactive for a year")), expect=1)
+
+    assert received[events.group_name(globex.org.id)] == []
+    [message] = received[events.group_name(acme.org.id)]
+    assert message["type"] == "approval.requested"
+    payload = message["payload"]
+    assert (payload["kind"], payload["agent"], payload["session"]) == ("approval.requested", "cleanup",
+                                                                        held["session"])
+    approval = payload["approval"]
+    assert approval["id"] == held["approval"]["id"]
+    assert approval["agent_context"]["reasoning"][-1]["text"] == "inactive for a year"
+    assert (approval["tool"], approval["risk_tags"], approval["state"]) == ("delete_account", ["data-loss"], "pending")
+    assert approval["estimated_impact"] == "account acct-101 and its data"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_decision_reaches_the_group_so_dashboards_drop_it_from_the_queue():
+    acme = make_persona("acme")
+    held = hold(acme)
+
+    received = listen([events.group_name(acme.org.id)], lambda: acme.reviewer.post(
+        f"/api/v1/approvals/{held['approval']['id']}/reject", {"reason": "open invoice"}, format="json"),
+        expect=2)
+
+    kinds = [message["type"] for message in received[events.group_name(acme.org.id)]]
+    assert sorted(kinds) == ["approval.decided", "permission_denied"]
+    decided = next(m for m in received[events.group_name(acme.org.id)] if m["type"] == "approval.decided")
+    assert (decided["payload"]["approval"]["state"], decided["payload"]["approval"]["decided_by"],
+            decided["payload"]["approval"]["decision_reason"]) == ("rejected", "acme-reviewer", "open invoice")
+
+
+def test_the_notifier_publishes_one_typed_message_to_the_group():
+    group = events.group_name("0f0f0f0f-0000-0000-0000-000000000000")
+    payload = events.EventPayload(id="e1", kind="agent.suspended", org="o", agent="cleanup", session=None,
+                                  created="2026-01-01T00:00:00+00:00", data={"reason": "budget"})
+
+    received = listen([group], lambda: events.publish("0f0f0f0f-0000-0000-0000-000000000000",
+                                                      "agent.suspended", payload), expect=1)
+
+    assert received[group] == [{"type": "agent.suspended", "payload": payload}]
