@@ -139,7 +139,7 @@ class Tool(models.Model):
     annotations = models.JSONField(default=dict, blank=True, help_text="MCP hints: readOnlyHint, …")
     # Compensable tools
     compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
-                                        on_delete=models.PROTECT, related_name="tools")
+                                        on_delete=models.RESTRICT, related_name="tools")
     compensation_args = models.JSONField(default=dict, blank=True)
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
@@ -460,7 +460,7 @@ class UndoEntryQuerySet(models.QuerySet):
 
     def open(self) -> UndoEntryQuerySet:
         """Not yet done: pending, running or waiting for a person."""
-        return self.exclude(state__in=UndoEntry.TERMINAL)
+        return self.filter(state__in=UndoEntry.OPEN)
 
     def for_org(self, org: Organization) -> UndoEntryQuerySet:
         return self.filter(session__org=org)
@@ -484,12 +484,13 @@ class UndoEntry(models.Model):
         RESOLVED = "resolved"
 
     TERMINAL = frozenset({State.COMPENSATED, State.SKIPPED, State.RESOLVED})
+    OPEN = frozenset({State.PENDING, State.RUNNING, State.COMPENSATION_FAILED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="undo_entries", editable=False)
     effect = models.OneToOneField(Effect, on_delete=models.CASCADE, related_name="undo_entry", editable=False)
     step_index = models.PositiveIntegerField(editable=False)
-    fn = models.ForeignKey(CompensationFunction, on_delete=models.PROTECT, related_name="undo_entries",
+    fn = models.ForeignKey(CompensationFunction, on_delete=models.RESTRICT, related_name="undo_entries",
                            editable=False)
     fn_name = models.CharField(max_length=100, editable=False)
     fn_version = models.CharField(max_length=64, editable=False)
@@ -518,6 +519,9 @@ class UndoEntry(models.Model):
     class Meta:
         ordering = ["-step_index", "-created"]
         verbose_name_plural = "undo entries"
+        # The walk asks for the top open entry of a session at every step: this index hands the
+        # stack over in LIFO order instead of sorting all of it each time.
+        indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_lifo")]
 
     def __str__(self) -> str:
         return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"

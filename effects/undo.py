@@ -39,10 +39,10 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     None when there is nothing to schedule: finished, stopped for a person, or another
     worker holds the top entry (if that worker dies, the sweep takes over).
 
-    1. The session must be `compensating`; otherwise there is nothing to do (a finished or
-       escalated walk, or a message delivered twice).
-    2. Take the top open entry (highest step first); order matters, so nothing below it is
-       touched until it is done. None left: the session is `compensated`.
+    1. Take the top open entry (highest step first) of the session, if it is `compensating`
+       (otherwise there is nothing to do: a finished or escalated walk, or a message
+       delivered twice). Order matters: nothing below it is touched until it is done.
+    2. None left: the session is `compensated`.
     3. Its effect never started (the tool cannot have acted): skip the entry.
     4. Held by a live claim: stop. Waiting for its backoff: return its next attempt time.
     5. Claim it with a guarded UPDATE on the state and attempt count we read, so two workers
@@ -60,18 +60,16 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     budget = settings.UNDOLOG_UNDO_WALK_BUDGET_S if budget_s is None else budget_s
     stop_at, ran = time.monotonic() + budget, False
     while True:
-        session = Session.objects.filter(pk=session_id).only("state").first()
-        if session is None or session.state != Session.State.COMPENSATING:
-            return None
-        entry = UndoEntry.objects.filter(session_id=session_id).open().lifo().select_related("fn__org").first()
+        entry = (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
+                 .open().lifo().select_related("fn__org", "effect").first())
         if entry is None:
-            _finish(session)
+            # Either the session is not compensating, or nothing is left to do.
+            _finish(session_id)
             return None
         now = timezone.now()
         if entry.state == UndoEntry.State.COMPENSATION_FAILED:
             return None  # waiting for a person (the session should say so too)
-        effect_state = Effect.objects.filter(pk=entry.effect_id).values_list("state", flat=True).first()
-        if effect_state not in Effect.STARTED | {Effect.State.COMPENSATING}:
+        if entry.effect.state not in Effect.STARTED | {Effect.State.COMPENSATING}:
             if not entry.move({UndoEntry.State.PENDING}, UndoEntry.State.SKIPPED):
                 return None  # a claimed entry whose effect never started: leave it to the sweep
             continue
@@ -88,7 +86,10 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
         ran = True
 
 
-def _finish(session: Session) -> None:
+def _finish(session_id: uuid.UUID | str) -> None:
+    session = Session.objects.filter(pk=session_id, state=Session.State.COMPENSATING).only("state").first()
+    if session is None:
+        return
     try:
         session.move({Session.State.COMPENSATING}, Session.State.COMPENSATED, actor=ACTOR,
                      reason="undo stack walked back")
@@ -112,10 +113,12 @@ def _claim(entry: UndoEntry, now: datetime) -> int | None:
             return None
         if stalled:
             _log_lost(entry, lost, lost_since, now)
-        # Re-read: the agent may have committed or failed the effect since step 3 read it.
-        effect = Effect.objects.get(pk=entry.effect_id)
+        # Locked and re-read: the agent may be committing or failing the effect right now, and
+        # the history row must name the state it really left.
+        effect = Effect.objects.select_for_update().get(pk=entry.effect_id)
         if effect.state in Effect.STARTED:
             effect.start_compensating(ACTOR)
+        entry.effect = effect
     return entry.attempts
 
 
@@ -139,7 +142,7 @@ def _record(entry: UndoEntry, number: int, result: handlers.Result) -> None:
             if not entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.COMPENSATED, attempt=number, **fields):
                 return _fenced_out(entry, number)
             _log(entry, number, started, result, UndoAttempt.Outcome.SUCCESS)
-            Effect.objects.get(pk=entry.effect_id).mark_compensated(ACTOR)
+            entry.effect.mark_compensated(ACTOR)
             # A heartbeat: the sweep leaves a walk alone while its session keeps moving.
             Session.objects.filter(pk=entry.session_id).update(updated=now)
         elif not result.permanent and entry.retries_left:
@@ -173,13 +176,12 @@ def _log(entry: UndoEntry, number: int, started: datetime, result: handlers.Resu
 
 def _escalate(entry: UndoEntry, error: str, status_code: int | None = None) -> None:
     """Effect and session `compensation_failed`, and the event that calls a person."""
-    Effect.objects.get(pk=entry.effect_id).mark_compensation_failed(ACTOR, reason=error)
+    entry.effect.mark_compensation_failed(ACTOR, reason=error)
     session = Session.objects.select_related("org", "agent").get(pk=entry.session_id)
     session.move({Session.State.COMPENSATING}, Session.State.COMPENSATION_FAILED, actor=ACTOR,
                  reason=f"{entry.fn_name}@{entry.fn_version} failed for step {entry.step_index}: {error}")
-    effect = Effect.objects.only("tool_name").get(pk=entry.effect_id)
     Event.record(session.org, "compensation.failed", agent=session.agent, session_id=session.id,
-                 undo_entry=str(entry.id), effect=str(entry.effect_id), tool=effect.tool_name,
+                 undo_entry=str(entry.id), effect=str(entry.effect_id), tool=entry.effect.tool_name,
                  step_index=entry.step_index, fn_name=entry.fn_name, fn_version=entry.fn_version,
                  attempts=entry.attempts, error=error[:2000], status_code=status_code)
 
