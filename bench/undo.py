@@ -71,6 +71,12 @@ def build(entries: int, target: str):
         UndoEntry(session=session, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
                   fn_version=fn.fn_version, args={"to": effect.args["to"]}, max_retries=3, retry_backoff_ms=10)
         for effect in effects)
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        # Fresh bulk inserts leave the planner's statistics empty; production tables are analysed.
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE effects_undoentry, effects_effect, effects_session")
     return org, session
 
 

@@ -522,8 +522,8 @@ class UndoEntryViewSet(ViewSet):
             raise NotFound("No such undo entry.", code="undo_entry_not_found")
         return entry
 
-    @extend_schema(parameters=[OpenApiParameter("state", str, enum=UNDO_STATES),
-                               OpenApiParameter("session", str)], responses={200: dict})
+    @extend_schema(operation_id="v1_undo_entries_list", responses={200: dict},
+                   parameters=[OpenApiParameter("state", str, enum=UNDO_STATES), OpenApiParameter("session", str)])
     def list(self, request: Request) -> Response:
         entries = self.get_queryset()
         state, session = request.query_params.get("state"), request.query_params.get("session")

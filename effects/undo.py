@@ -21,7 +21,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from effects import handlers
-from effects.models import Effect, Session, UndoAttempt, UndoEntry
+from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry
 from orgs.models import Event
 from undolog_site.errors import Conflict
 
@@ -59,13 +59,17 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     """
     budget = settings.UNDOLOG_UNDO_WALK_BUDGET_S if budget_s is None else budget_s
     stop_at, ran = time.monotonic() + budget, False
+    functions: dict[int, CompensationFunction] = {}  # read once per task run: a stack repeats a few
     while True:
         entry = (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
-                 .open().lifo().select_related("fn__org", "effect").first())
+                 .open().lifo().select_related("effect").first())
         if entry is None:
             # Either the session is not compensating, or nothing is left to do.
             _finish(session_id)
             return None
+        if entry.fn_id not in functions:
+            functions[entry.fn_id] = CompensationFunction.objects.select_related("org").get(pk=entry.fn_id)
+        entry.fn = functions[entry.fn_id]
         now = timezone.now()
         if entry.state == UndoEntry.State.COMPENSATION_FAILED:
             return None  # waiting for a person (the session should say so too)
