@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import transaction
@@ -332,6 +333,8 @@ class SessionViewSet(ViewSet):
             return [IsAgent()]
         if self.action == "fail":
             return [IsAgentOrReviewer()]
+        if self.action == "undo":
+            return [role_required("admin")()]
         return [IsAgentOrMember()]
 
     def _get(self, request: Request, pk: str) -> Session:
@@ -396,6 +399,15 @@ class SessionViewSet(ViewSet):
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
         session.fail(data["error"], actor=caller_of(request).label)
+        return Response({"session": session_dict(session)})
+
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=True, methods=["post"])
+    def undo(self, request: Request, pk: str) -> Response:
+        """An org admin undoes a completed session: its undo stack is walked back."""
+        session = self._get(request, pk)
+        session.undo(actor=caller_of(request).label)
         return Response({"session": session_dict(session)})
 
 
@@ -505,3 +517,92 @@ def _wait_seconds(request: Request) -> float:
     return value
 
 
+
+
+# ---------------------------------------------------------------- undo entries
+
+
+class ResolveSerializer(StrictSerializer):
+    note = serializers.CharField(max_length=10_000, trim_whitespace=True)
+
+
+UNDO_STATES = [choice for choice, _ in UndoEntry.State.choices]
+
+
+def undo_entry_dict(entry: UndoEntry, *, attempts: bool = False) -> dict[str, Any]:
+    session = entry.session
+    body = {**entry.as_dict(), "tool": entry.effect.tool_name, "agent": session.agent.name,
+            "session_state": session.state}
+    if attempts:
+        body["attempt_log"] = [attempt.as_dict() for attempt in entry.attempt_log.all()]
+    return body
+
+
+class UndoEntryViewSet(ViewSet):
+    """Undo entries of the caller's org: the dashboard's list of compensations waiting for a
+    person, and the two ways out (retry, or resolved by hand)."""
+
+    lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def get_permissions(self):
+        if self.action in ("retry", "resolve"):
+            return [role_required("reviewer")()]
+        return [role_required("viewer")()]
+
+    def get_queryset(self):
+        return UndoEntry.objects.for_org(caller_of(self.request).org).select_related("session__agent", "effect")
+
+    def _get(self, pk: str) -> UndoEntry:
+        entry = self.get_queryset().filter(pk=pk).first()
+        if entry is None:
+            raise NotFound("No such undo entry.", code="undo_entry_not_found")
+        return entry
+
+    @extend_schema(operation_id="v1_undo_entries_list", responses={200: dict},
+                   parameters=[OpenApiParameter("state", str, enum=UNDO_STATES), OpenApiParameter("session", str)])
+    def list(self, request: Request) -> Response:
+        entries = self.get_queryset()
+        state, session = request.query_params.get("state"), request.query_params.get("session")
+        if state:
+            if state not in UNDO_STATES:
+                raise Invalid({"state": f"One of {', '.join(UNDO_STATES)}."},
+                              f"state must be one of {', '.join(UNDO_STATES)}.")
+            entries = entries.filter(state=state)
+        if session:
+            entries = entries.filter(session_id=_uuid(session, "session"))
+        entries = entries.prefetch_related("attempt_log").order_by("-updated")[:200]
+        return Response({"undo_entries": [undo_entry_dict(entry, attempts=True) for entry in entries]})
+
+    @extend_schema(responses={200: dict})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response({"undo_entry": undo_entry_dict(self._get(pk), attempts=True)})
+
+    @extend_schema(request=None, responses={200: dict, 409: dict})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str) -> Response:
+        """Another round of attempts for a compensation_failed entry; the walk resumes from it."""
+        entry = self._get(pk)
+        entry.retry(actor=caller_of(request).label)
+        return self._answer(entry)
+
+    @extend_schema(request=ResolveSerializer, responses={200: dict, 409: dict})
+    @action(detail=True, methods=["post"])
+    def resolve(self, request: Request, pk: str) -> Response:
+        """A person undid the effect by hand; the walk resumes below the entry."""
+        data = _validated(ResolveSerializer, request.data)
+        entry = self._get(pk)
+        entry.resolve(actor=caller_of(request).label, note=data["note"])
+        return self._answer(entry)
+
+    def _answer(self, entry: UndoEntry) -> Response:
+        # The walk may already have run (eagerly, or on a fast worker): answer what the rows say now.
+        entry = self._get(entry.pk)
+        return Response({"undo_entry": undo_entry_dict(entry, attempts=True),
+                         "session": session_dict(entry.session)})
+
+
+def _uuid(value: str, name: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise Invalid({name: "Must be a UUID."}, f"{name} must be a UUID.") from None

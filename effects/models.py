@@ -23,6 +23,11 @@ SEMVER = re.compile(
 )
 
 
+def is_dotted_path(value: str) -> bool:
+    parts = (value or "").split(".")
+    return len(parts) >= 2 and all(part.isidentifier() for part in parts)
+
+
 def validate_semver(value: str) -> None:
     if not SEMVER.match(value or ""):
         raise ValidationError(f"{value!r} is not a semantic version (like 1.0.0)")
@@ -101,6 +106,20 @@ class CompensationFunction(models.Model):
     def __str__(self) -> str:
         return f"{self.fn_name}@{self.fn_version}"
 
+    def clean(self) -> None:
+        from approvals.webhooks import check_target  # the SSRF rule lives with the deliverer
+
+        if self.handler == self.Handler.WEBHOOK:
+            problem = check_target(self.target)
+            if problem:
+                raise ValidationError({"target": problem})
+        elif self.handler == self.Handler.PYTHON and not is_dotted_path(self.target):
+            raise ValidationError({"target": "A dotted path to a callable, like pkg.module.undo."})
+
+    def in_use(self) -> bool:
+        """Referenced by a tool or an undo entry: deleting it would orphan a compensation."""
+        return self.tools.exists() or self.undo_entries.exists()
+
 
 class ToolQuerySet(models.QuerySet):
     def for_org(self, org: Organization) -> ToolQuerySet:
@@ -120,7 +139,7 @@ class Tool(models.Model):
     annotations = models.JSONField(default=dict, blank=True, help_text="MCP hints: readOnlyHint, …")
     # Compensable tools
     compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
-                                        on_delete=models.PROTECT, related_name="tools")
+                                        on_delete=models.RESTRICT, related_name="tools")
     compensation_args = models.JSONField(default=dict, blank=True)
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
@@ -147,6 +166,8 @@ class Tool(models.Model):
     def clean(self) -> None:
         if self.tier == Tier.COMPENSABLE and self.compensation_fn_id is None:
             raise ValidationError({"compensation_fn": "A compensable tool needs a compensation function."})
+        if self.compensation_fn_id and self.org_id and self.compensation_fn.org_id != self.org_id:
+            raise ValidationError({"compensation_fn": "The compensation function belongs to another organization."})
         if self.tier == Tier.IRREVERSIBLE and not self.approval_reason.strip():
             raise ValidationError({"approval_reason": "An irreversible tool needs a reason."})
 
@@ -221,15 +242,40 @@ class Session(models.Model):
             self.run_ended(actor)
 
     def fail(self, error: str, actor: str) -> None:
+        """Roll the run back: `failed` (its budget verdict applies), then `compensating`, and the
+        undo walk after commit."""
         with transaction.atomic():
             self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
             self.run_ended(actor)
+            self.move({self.State.FAILED}, self.State.COMPENSATING, actor=actor, reason="rolling back")
+            self.begin_walk(actor)
 
     def run_ended(self, actor: str) -> None:
         """The run is over: its first budget violation applies on_exceeded (once, in this transaction)."""
         from budgets.runs import run_ended
 
         run_ended(self, actor)
+
+    def undo(self, actor: str) -> None:
+        """An admin undoes a completed run: its undo stack is walked back like a failed one's."""
+        with transaction.atomic():
+            self.move({self.State.COMPLETED}, self.State.COMPENSATING, actor=actor, reason="undo requested")
+            self.begin_walk(actor)
+
+    def begin_walk(self, actor: str) -> None:
+        """With the session `compensating`: finish at once if nothing is left, else enqueue the walk.
+
+        No intercept can push an entry meanwhile: our guarded UPDATE holds the session row,
+        and the intercept locks that row and re-checks the state before it pushes.
+        """
+        if not UndoEntry.objects.filter(session=self).open().exists():
+            self.move({self.State.COMPENSATING}, self.State.COMPENSATED, actor=actor,
+                      reason="nothing (left) to compensate")
+            return
+        from effects.tasks import enqueue_walk
+
+        session_id = self.pk
+        transaction.on_commit(lambda: enqueue_walk(session_id))
 
     def await_approval(self, actor: str) -> None:
         self.move({self.State.RUNNING}, self.State.AWAITING_APPROVAL, actor=actor)
@@ -398,6 +444,9 @@ class Effect(models.Model):
     def mark_compensation_failed(self, actor: str, reason: str) -> None:
         self.move({self.State.COMPENSATING}, self.State.COMPENSATION_FAILED, actor=actor, reason=reason)
 
+    def retry_compensation(self, actor: str) -> None:
+        self.move({self.State.COMPENSATION_FAILED}, self.State.COMPENSATING, actor=actor, reason="retry by hand")
+
 
 class EffectTransition(models.Model):
     """Append-only history of an effect: from, to, when, who, why (NetBox's ObjectChange spirit)."""
@@ -421,9 +470,22 @@ class UndoEntryQuerySet(models.QuerySet):
     def lifo(self) -> UndoEntryQuerySet:
         return self.order_by("-step_index", "-created")
 
+    def open(self) -> UndoEntryQuerySet:
+        """Not yet done: pending, running or waiting for a person."""
+        return self.filter(state__in=UndoEntry.OPEN)
+
+    def for_org(self, org: Organization) -> UndoEntryQuerySet:
+        return self.filter(session__org=org)
+
 
 class UndoEntry(models.Model):
-    """The compensation of one effect, pushed on its session's stack before the effect runs."""
+    """The compensation of one effect, pushed on its session's stack before the effect runs.
+
+    The row, not a Celery message, is the truth: `attempts` doubles as the claim's fencing
+    token, `lease_until` says when a claim counts as stalled, `next_attempt_at` when a
+    retry is due. `round_start` is the attempt count when a person last asked for a retry,
+    so each round gets `max_retries + 1` attempts while attempt numbers keep growing.
+    """
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -434,12 +496,13 @@ class UndoEntry(models.Model):
         RESOLVED = "resolved"
 
     TERMINAL = frozenset({State.COMPENSATED, State.SKIPPED, State.RESOLVED})
+    OPEN = frozenset({State.PENDING, State.RUNNING, State.COMPENSATION_FAILED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="undo_entries", editable=False)
     effect = models.OneToOneField(Effect, on_delete=models.CASCADE, related_name="undo_entry", editable=False)
     step_index = models.PositiveIntegerField(editable=False)
-    fn = models.ForeignKey(CompensationFunction, on_delete=models.PROTECT, related_name="undo_entries",
+    fn = models.ForeignKey(CompensationFunction, on_delete=models.RESTRICT, related_name="undo_entries",
                            editable=False)
     fn_name = models.CharField(max_length=100, editable=False)
     fn_version = models.CharField(max_length=64, editable=False)
@@ -448,10 +511,18 @@ class UndoEntry(models.Model):
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
     state = models.CharField(max_length=24, choices=State.choices, default=State.PENDING, db_index=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    round_start = models.PositiveSmallIntegerField(
+        default=0, help_text="Attempts made before the last retry by hand.")
     next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="A running claim not finished by then is stalled (its worker died); the sweep takes over.")
     last_error = models.TextField(blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     resolution_note = models.TextField(blank=True)
+    resolved_by = models.CharField(max_length=200, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
     updated = models.DateTimeField(auto_now=True)
 
@@ -460,13 +531,86 @@ class UndoEntry(models.Model):
     class Meta:
         ordering = ["-step_index", "-created"]
         verbose_name_plural = "undo entries"
+        # The walk asks for the top open entry of a session at every step: this index hands the
+        # stack over in LIFO order instead of sorting all of it each time.
+        indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_lifo")]
 
     def __str__(self) -> str:
         return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"
 
+    @property
+    def attempts_in_round(self) -> int:
+        return self.attempts - self.round_start
+
+    @property
+    def retries_left(self) -> bool:
+        return self.attempts_in_round < self.max_retries + 1
+
+    def move(self, allowed_from: set[str] | frozenset[str], to: str, *, attempt: int | None = None,
+             **fields: Any) -> bool:
+        """Guarded UPDATE of the entry's state. With `attempt`, only the holder of that claim
+        may write: a worker whose stalled claim was taken over finds nothing to change."""
+        rows = UndoEntry.objects.filter(pk=self.pk, state__in=allowed_from)
+        if attempt is not None:
+            rows = rows.filter(attempts=attempt)
+        now = timezone.now()
+        if rows.update(state=to, updated=now, **fields) != 1:
+            return False
+        self.state, self.updated = to, now
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return True
+
+    def claim(self, now: Any, lease_until: Any) -> bool:
+        """Take the next attempt. Guarded on the state and attempt count read a moment ago (and on
+        the entry being due, or its lease having run out), so of two workers that read the same
+        row only one changes it: no entry is ever run twice at once."""
+        rows = UndoEntry.objects.filter(pk=self.pk, state=self.state, attempts=self.attempts)
+        if self.state == self.State.RUNNING:
+            rows = rows.filter(models.Q(lease_until__isnull=True) | models.Q(lease_until__lte=now))
+        else:
+            rows = rows.filter(models.Q(next_attempt_at__isnull=True) | models.Q(next_attempt_at__lte=now))
+        number = self.attempts + 1
+        if rows.update(state=self.State.RUNNING, attempts=number, claimed_at=now, lease_until=lease_until,
+                       next_attempt_at=None, updated=now) != 1:
+            return False
+        self.state, self.attempts, self.claimed_at, self.lease_until = self.State.RUNNING, number, now, lease_until
+        self.next_attempt_at = None
+        return True
+
+    def _move_or_conflict(self, allowed_from: set[str], to: str, **fields: Any) -> None:
+        if not self.move(allowed_from, to, **fields):
+            current = UndoEntry.objects.filter(pk=self.pk).values_list("state", flat=True).first()
+            raise Conflict(f"The undo entry is {current}; only a compensation_failed entry can be retried "
+                           "or resolved.", code="undo_entry_state_conflict", state=current)
+
+    def retry(self, actor: str) -> None:
+        """A person asks for another round of attempts; the walk resumes from this entry."""
+        with transaction.atomic():
+            self._move_or_conflict({self.State.COMPENSATION_FAILED}, self.State.PENDING,
+                                   round_start=models.F("attempts"), next_attempt_at=None, lease_until=None)
+            self.refresh_from_db(fields=["round_start", "attempts"])
+            Effect.objects.get(pk=self.effect_id).retry_compensation(actor)
+            session = Session.objects.get(pk=self.session_id)
+            session.move({Session.State.COMPENSATION_FAILED}, Session.State.COMPENSATING, actor=actor,
+                         reason=f"retry of {self.fn_name} for step {self.step_index}")
+            session.begin_walk(actor)
+
+    def resolve(self, actor: str, note: str) -> None:
+        """A person undid the effect by hand; the walk resumes below this entry."""
+        with transaction.atomic():
+            self._move_or_conflict({self.State.COMPENSATION_FAILED}, self.State.RESOLVED, resolution_note=note,
+                                   resolved_by=actor, resolved_at=timezone.now(), lease_until=None)
+            Effect.objects.get(pk=self.effect_id).mark_compensated(actor, reason=f"resolved by hand: {note}")
+            session = Session.objects.get(pk=self.session_id)
+            session.move({Session.State.COMPENSATION_FAILED}, Session.State.COMPENSATING, actor=actor,
+                         reason=f"step {self.step_index} resolved by hand")
+            session.begin_walk(actor)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": str(self.id),
+            "session": str(self.session_id),
             "effect": str(self.effect_id),
             "step_index": self.step_index,
             "fn_name": self.fn_name,
@@ -475,18 +619,29 @@ class UndoEntry(models.Model):
             "state": self.state,
             "attempts": self.attempts,
             "max_retries": self.max_retries,
-            "next_attempt_at": self.next_attempt_at.isoformat() if self.next_attempt_at else None,
+            "retry_backoff_ms": self.retry_backoff_ms,
+            "next_attempt_at": _iso(self.next_attempt_at),
             "last_error": self.last_error or None,
+            "last_status_code": self.last_status_code,
+            "resolution_note": self.resolution_note or None,
+            "resolved_by": self.resolved_by or None,
+            "resolved_at": _iso(self.resolved_at),
+            "updated": _iso(self.updated),
         }
 
 
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value else None
+
+
 class UndoAttempt(models.Model):
-    """One try at running a compensation: when, how long, what came back."""
+    """One try at running a compensation: when, how long, what came back. Append-only."""
 
     class Outcome(models.TextChoices):
         SUCCESS = "success"
         RETRY = "retry"
         PERMANENT = "permanent"
+        LOST = "lost"  # the worker died mid-attempt; the sweep found the stalled claim
 
     entry = models.ForeignKey(UndoEntry, on_delete=models.CASCADE, related_name="attempt_log", editable=False)
     number = models.PositiveSmallIntegerField(editable=False)
@@ -495,12 +650,19 @@ class UndoAttempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices, editable=False)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True, editable=False)
+    retry_delay_ms = models.PositiveIntegerField(
+        null=True, blank=True, editable=False, help_text="The backoff drawn before the next attempt.")
 
     class Meta:
         ordering = ["entry", "number"]
         constraints = [models.UniqueConstraint(fields=["entry", "number"], name="one_attempt_per_number")]
+        indexes = [models.Index(fields=["started_at"])]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.entry_id} ({self.outcome})"
 
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "started_at": self.started_at.isoformat(),
                 "duration_ms": self.duration_ms, "outcome": self.outcome,
-                "status_code": self.status_code, "error": self.error or None}
+                "status_code": self.status_code, "error": self.error or None,
+                "retry_delay_ms": self.retry_delay_ms}

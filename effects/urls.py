@@ -6,6 +6,7 @@ from effects import api
 router = SimpleRouter(trailing_slash=False)
 router.register("sessions", api.SessionViewSet, basename="session")
 router.register("effects", api.EffectViewSet, basename="effect")
+router.register("undo-entries", api.UndoEntryViewSet, basename="undo-entry")
 
 urlpatterns = [
     path("tools", api.ToolsView.as_view(), name="tools"),

@@ -166,6 +166,19 @@ CELERY_BEAT_SCHEDULE: dict = {
                                    "options": {"expires": 30}},
 }
 
+# The compensation walk (effects/undo.py). A running claim that outlives its function's timeout
+# by UNDOLOG_UNDO_STALL_S, or a walk that sits still that long, is taken over by the sweep.
+UNDOLOG_UNDO_SWEEP_S = envint("UNDOLOG_UNDO_SWEEP_S", "5")
+UNDOLOG_UNDO_STALL_S = envint("UNDOLOG_UNDO_STALL_S", "30")
+UNDOLOG_UNDO_MAX_BACKOFF_S = envint("UNDOLOG_UNDO_MAX_BACKOFF_S", "3600")
+# One task runs the walk this long at most, then re-enqueues itself (below the task time limit).
+UNDOLOG_UNDO_WALK_BUDGET_S = envint("UNDOLOG_UNDO_WALK_BUDGET_S", "60")
+CELERY_BEAT_SCHEDULE["undo-sweep"] = {
+    "task": "effects.tasks.sweep_undo_walks",
+    "schedule": float(UNDOLOG_UNDO_SWEEP_S),
+    "options": {"expires": float(UNDOLOG_UNDO_SWEEP_S)},  # a backlog of sweeps is one sweep
+}
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

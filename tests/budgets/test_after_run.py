@@ -263,7 +263,8 @@ def test_stop_leaves_a_halted_run_alone_when_the_reviewer_rolls_it_back_in_the_s
         Session.objects.get(pk=run.id).fail("rejected and rolled back", actor="alice")
 
     session = run.session
-    assert (session.state, session.error) == ("failed", "rejected and rolled back")
+    # failed once (by the reviewer), then walked back; stop did not fail it a second time
+    assert (session.state, session.error) == ("compensating", "rejected and rolled back")
     assert session.transitions.filter(to_state="failed").count() == 1
     acme.agent.refresh_from_db()
     assert acme.agent.state == "stopped"

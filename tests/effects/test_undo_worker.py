@@ -1,0 +1,87 @@
+"""The walk on a real Celery worker against the real broker, and what happens when that worker
+is killed with SIGKILL in the middle of a compensation webhook."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from effects.models import Session, UndoAttempt, UndoEntry
+from tests.processes import celery_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Short leases and a brisk sweep, so a dead worker's claim is taken over within seconds.
+FAST = {"UNDOLOG_UNDO_STALL_S": "1", "UNDOLOG_UNDO_SWEEP_S": "1"}
+
+
+def wait_for_state(session_id: str, state: str, timeout: float = 40) -> None:
+    deadline = time.monotonic() + timeout
+    current = None
+    while time.monotonic() < deadline:
+        current = Session.objects.filter(pk=session_id).values_list("state", flat=True).first()
+        if current == state:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"session {session_id} is {current}, not {state}, after {timeout} s")
+
+
+def worker_log(name: str) -> Path:
+    path = Path(settings.VAR_DIR) / f"test-worker-{name}-{os.getpid()}-{time.monotonic_ns()}.log"
+    return path
+
+
+def test_a_real_worker_walks_the_stack_back_with_countdown_retries(stack_of, receiver):
+    stack = stack_of(5, retry_backoff_ms=200)
+    top = stack.entries[4]
+    receiver.behaviour = lambda d: (503 if d.key == top and d.n <= 2 else 200, 0.0)
+
+    with celery_worker(log=worker_log("e2e"), **FAST):
+        assert stack.fail().status_code == 200
+        wait_for_state(stack.session_id, "compensated")
+
+    assert receiver.order == list(reversed(stack.entries))
+    assert [a.outcome for a in UndoAttempt.objects.filter(entry_id=top).order_by("number")] == \
+        ["retry", "retry", "success"]
+    assert receiver.deliveries[top] == 3 and not receiver.duplicates
+
+
+def test_a_worker_killed_mid_webhook_loses_no_compensation_and_doubles_none(stack_of, receiver):
+    stack = stack_of(5, timeout_ms=5000, max_retries=3)
+    in_flight = stack.entries[3]  # the second entry the walk reaches (newest first)
+
+    def slow_receiver(delivery):
+        # Every undo takes a moment; the one we kill the worker on takes long enough to be caught.
+        return 200, (4.0 if delivery.key == in_flight and delivery.n == 1 else 0.2)
+
+    receiver.behaviour = slow_receiver
+
+    with celery_worker(log=worker_log("doomed"), **FAST) as doomed:
+        assert stack.fail().status_code == 200
+        receiver.wait_for(lambda r: r.deliveries[in_flight] == 1, timeout=30)
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=10)
+
+    entry = UndoEntry.objects.get(pk=in_flight)
+    assert (entry.state, entry.attempts) == ("running", 1)  # claimed by the dead worker, not finished
+    assert Session.objects.get(pk=stack.session_id).state == "compensating"
+
+    with celery_worker(beat=True, log=worker_log("successor"), **FAST):
+        wait_for_state(stack.session_id, "compensated")
+
+    # As the receiver saw it: every compensation applied exactly once, newest first.
+    assert receiver.order == list(reversed(stack.entries))
+    assert set(receiver.applied) == set(stack.entries)
+    # The one in flight when the worker died was delivered again (its fate was unknown), with the
+    # same Idempotency-Key, so the receiver acknowledged it without undoing twice.
+    assert receiver.deliveries[in_flight] == 2 and dict(receiver.duplicates) == {in_flight: 1}
+    assert all(receiver.deliveries[key] == 1 for key in stack.entries if key != in_flight)
+    log = [(a.number, a.outcome) for a in UndoAttempt.objects.filter(entry_id=in_flight).order_by("number")]
+    assert log == [(1, "lost"), (2, "success")]
+    assert set(UndoEntry.objects.filter(session_id=stack.session_id).values_list("state", flat=True)) == \
+        {"compensated"}

@@ -1,0 +1,126 @@
+"""A real webhook receiver for tests and benchmarks: an HTTP server on a thread on 127.0.0.1.
+
+It behaves like a careful production receiver: it verifies `Undolog-Signature` with the
+documented verifier (`approvals.webhooks.verify`) and dedupes by `Idempotency-Key`, so
+`applied` holds each key whose undo took effect (once), `duplicates` the redeliveries it
+acknowledged without undoing again, and `deliveries[key]` every request that arrived.
+A `behaviour(delivery) -> (status, delay_s)` scripts failures, slowness and timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from approvals.webhooks import SIGNATURE_HEADER, verify
+
+
+@dataclass
+class Delivery:
+    key: str
+    n: int  # 1 for the first request with this key, 2 for the second…
+    body: dict
+    raw: bytes
+    headers: dict[str, str]
+    verified: bool
+    at: float = field(default_factory=time.monotonic)
+
+
+Behaviour = Callable[[Delivery], tuple[int, float]]
+
+
+def always_ok(delivery: Delivery) -> tuple[int, float]:
+    return 200, 0.0
+
+
+class Receiver:
+    def __init__(self, secrets: list[str] | None = None, behaviour: Behaviour = always_ok) -> None:
+        self.secrets = secrets  # None: accept unsigned (tests that do not care about signatures)
+        self.behaviour = behaviour
+        self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
+        self.log: list[Delivery] = []
+        self.deliveries: Counter[str] = Counter()
+        self.applied: dict[str, Delivery] = {}  # key → the delivery whose undo took effect
+        self.duplicates: Counter[str] = Counter()  # 2xx redeliveries of an applied key (deduped)
+        self.order: list[str] = []  # keys in the order their undo took effect
+        self.own_ms: list[float] = []  # the receiver's own time per request (read → response written)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/undo"
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def wait_for(self, predicate: Callable[[Receiver], bool], timeout: float = 30) -> None:
+        with self.arrived:
+            if not self.arrived.wait_for(lambda: predicate(self), timeout=timeout):
+                raise AssertionError(f"receiver: condition not met in {timeout} s; saw {self.deliveries}")
+
+    def _accept(self, raw: bytes, headers: dict[str, str]) -> tuple[Delivery, int, float]:
+        verified = self.secrets is None or verify(self.secrets, headers.get(SIGNATURE_HEADER, ""), raw)
+        key = headers.get("Idempotency-Key", "")
+        with self.arrived:
+            self.deliveries[key] += 1
+            delivery = Delivery(key, self.deliveries[key], json.loads(raw or b"{}"), raw, headers, verified)
+            self.log.append(delivery)
+            status, delay = (401, 0.0) if not verified else self.behaviour(delivery)
+            if 200 <= status < 300:
+                # Dedupe by Idempotency-Key: a redelivery is acknowledged but must not undo twice.
+                if key in self.applied:
+                    self.duplicates[key] += 1
+                else:
+                    self.applied[key] = delivery
+                    self.order.append(key)
+            self.arrived.notify_all()
+        return delivery, status, delay
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                started = time.perf_counter()
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                _, status, delay = receiver._accept(raw, dict(self.headers.items()))
+                if delay:
+                    time.sleep(delay)
+                body = b'{"ok": true}' if status < 300 else b'{"error": "scripted"}'
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the caller gave up (timeout) or died (SIGKILL)
+                receiver.own_ms.append((time.perf_counter() - started) * 1000)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+
+def scripted(*statuses: int, then: int = 200, delay: float = 0.0) -> Behaviour:
+    """Answer the n-th delivery of each key with statuses[n-1], then `then`."""
+
+    def behaviour(delivery: Delivery) -> tuple[int, float]:
+        n = delivery.n
+        return (statuses[n - 1] if n <= len(statuses) else then), delay
+
+    return behaviour
