@@ -92,7 +92,7 @@ def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
     stats = dashboard.decision_stats(org)
     return page(request, membership, "approvals/queue.html", {
         "approvals": approvals, "stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
-        "median_to_decide": charts.duration(stats["median_time_to_decide_s"]),
+        "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
     })
 
 
