@@ -366,6 +366,7 @@ def session_context(session: Session) -> dict[str, Any]:
         attempts[attempt.entry_id].append(attempt)
     for entry in entries:
         entry.attempt_rows = attempts[entry.pk]
+        entry.args_json = _json(entry.args)
     open_entries = [entry for entry in entries if entry.state not in UndoEntry.TERMINAL]
     return {
         "session": session,
@@ -472,9 +473,12 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
 
 def compensation_failures(org: Organization) -> list[UndoEntry]:
     """Undo entries waiting for a person, newest first, with their attempts. Two queries."""
-    return list(UndoEntry.objects.filter(session__org=org, state=UndoEntry.State.COMPENSATION_FAILED)
-                .select_related("session__agent", "effect").prefetch_related("attempt_log")
-                .order_by("-updated")[:200])
+    entries = list(UndoEntry.objects.filter(session__org=org, state=UndoEntry.State.COMPENSATION_FAILED)
+                   .select_related("session__agent", "effect").prefetch_related("attempt_log")
+                   .order_by("-updated")[:200])
+    for entry in entries:
+        entry.args_json = _json(entry.args)
+    return entries
 
 
 # ---------------------------------------------------------------- settings

@@ -90,9 +90,17 @@ def new_page(browser, server):
         context.close()
 
 
-def log_in(page, username: str, password: str | None = None) -> None:
+def log_in(page, user) -> None:
+    """Log in through the login form. The server process hashes with the production hashers, not
+    the tests' fast MD5, so the password is stored as a (cheap, 1000-round) PBKDF2 hash first."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()
+    password = f"pw-{user.get_username()}"
+    user.password = hasher.encode(password, hasher.salt(), iterations=1000)
+    user.save(update_fields=["password"])
     page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password or f"pw-{username}")
+    page.fill("#id_username", user.get_username())
+    page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_selector("#live-status[data-state=live]")

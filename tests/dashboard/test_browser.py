@@ -39,7 +39,7 @@ def test_it_shows_a_new_request_in_the_queue_within_a_second_without_reload(acme
     register_standard_tools(acme)
     session = open_session(acme)
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
     page.evaluate("window.notReloaded = true")
 
     with agent_http(server, acme) as agent:
@@ -67,7 +67,7 @@ def test_it_shows_a_new_request_in_the_queue_within_a_second_without_reload(acme
 def test_it_approves_in_the_browser_and_the_agents_long_poll_returns_approved(acme, server, new_page):
     held = hold(acme)
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
     page.click(f'tr.queue-row[data-id="{held["approval"]["id"]}"] a.row-link')
     page.wait_for_selector("#approve-button")
     polled = long_poll(server, acme, held["effect"]["id"])
@@ -85,7 +85,7 @@ def test_it_approves_in_the_browser_and_the_agents_long_poll_returns_approved(ac
 def test_it_rejects_with_a_reason_and_the_run_halts(acme, server, new_page):
     held = hold(acme)
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
     page.goto(f"/approvals/{held['approval']['id']}/")
     polled = long_poll(server, acme, held["effect"]["id"])
 
@@ -104,7 +104,7 @@ def test_it_rejects_with_a_reason_and_the_run_halts(acme, server, new_page):
 def test_it_shows_the_apis_message_when_a_decision_fails(acme, server, new_page):
     held = hold(acme)
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
     page.goto(f"/approvals/{held['approval']['id']}/")
     acme.admin.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")  # someone else
 
@@ -119,7 +119,7 @@ def test_the_incident_switch_refuses_the_next_irreversible_call(acme, server, ne
     register_standard_tools(acme)
     session = open_session(acme)
     page = new_page()
-    log_in(page, "acme-admin")
+    log_in(page, acme.admin.user)
     page.goto("/agents/")
 
     page.click("#incident-on")
@@ -142,7 +142,7 @@ def test_it_says_when_the_websocket_drops_and_fetches_what_it_missed(acme, serve
     register_standard_tools(acme)
     session = open_session(acme)
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
 
     page.context.set_offline(True)
     page.evaluate("UL.dropConnection()")
@@ -164,7 +164,7 @@ def test_it_says_when_the_websocket_drops_and_fetches_what_it_missed(acme, serve
 def test_an_outsider_sees_none_of_it_and_its_urls_are_404(acme, outsider, server, new_page):
     held = hold(acme)
     page = new_page()
-    log_in(page, "globex-reviewer")
+    log_in(page, outsider.reviewer.user)
 
     with agent_http(server, acme) as agent:  # a new request of acme while the outsider watches
         agent.post(f"/api/v1/sessions/{open_session(acme)}/intercept",
@@ -185,7 +185,7 @@ def test_screenshots_of_the_queue_and_a_session(acme, server, new_page):
     first = hold(acme, {"account_id": "acct-101"})
     hold(acme, {"account_id": "acct-102"}, reasoning="Duplicate account of acct-101; merged last week.")
     page = new_page()
-    log_in(page, "acme-reviewer")
+    log_in(page, acme.reviewer.user)
     page.wait_for_selector("tr.queue-row >> nth=1")
     page.screenshot(path=str(SCREENSHOTS / "dashboard-queue.png"), full_page=True)
     page.goto(f"/sessions/{first['session']}/")
