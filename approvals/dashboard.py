@@ -437,35 +437,100 @@ def _number(value: Any) -> float | None:
 # ---------------------------------------------------------------- agents
 
 
+LIMIT_LABELS = (("max_tool_calls_per_run", "Tool calls per run", "1"),
+                ("max_irreversible_per_run", "Irreversible per run", "1"),
+                ("max_cost_per_run", "Cost per run", "0.01"),
+                ("max_tool_calls_per_day", "Tool calls per day", "1"),
+                ("max_irreversible_per_day", "Irreversible per day", "1"),
+                ("max_cost_per_day", "Cost per day", "0.01"))
+DAY_COUNTERS = (("tool calls", "tool_calls", "max_tool_calls_per_day"),
+                ("irreversible", "irreversible_calls", "max_irreversible_per_day"),
+                ("cost", "cost", "max_cost_per_day"))
+
+
 def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[str, Any]:
-    """Every agent with its state, today's counters, its limits and 7 days of runs (aggregated
-    per day in the database, so 10 000 runs cost one grouped query, not 10 000 rows)."""
+    """Every agent with its state, today's counters, its limits and 7 days of runs against the cap.
+
+    A fixed number of queries whatever the number of agents: the agents, the runs per day
+    (grouped in the database, so 10,000 runs are one query, not 10,000 rows), and with the
+    budgets app its policies, today's counters and the ended runs the suggestion sizes from.
+    """
     now = now or timezone.now()
     agents = list(Agent.objects.for_org(org).order_by("name"))
-    since = now - timedelta(days=CHART_DAYS)
-    per_day: dict[Any, dict[dt.date, dict[str, Any]]] = defaultdict(dict)
-    for row in (Session.objects.filter(org=org, created__gte=since)
-                .values("agent_id", "created__date")
-                .annotate(runs=Count("id"), max_irreversible=Max("irreversible_calls"), max_cost=Max("cost"))):
-        per_day[row["agent_id"]][row["created__date"]] = row
     days = [(now - timedelta(days=n)).date() for n in range(CHART_DAYS - 1, -1, -1)]
+    per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
+    budgets, incident_on = _budgets_of(org, now)
     rows = []
     for agent in agents:
-        rows.append({
-            "agent": agent,
-            "runs_per_day": [{"date": day, "runs": per_day[agent.pk].get(day, {}).get("runs", 0),
-                              "max_irreversible": per_day[agent.pk].get(day, {}).get("max_irreversible") or 0,
-                              "max_cost": _number(per_day[agent.pk].get(day, {}).get("max_cost")) or 0}
-                             for day in days],
-            "caps": {},
-            "today_bars": [],
-            "limit_fields": [],
-            "source_label": "no budget policy",
+        mine = per_day.get(agent.pk, {})
+        row = {"agent": agent,
+               "runs_per_day": [{"date": day, "runs": mine.get(day, {}).get("runs", 0),
+                                 "max_irreversible": mine.get(day, {}).get("max_irreversible") or 0,
+                                 "max_cost": _number(mine.get(day, {}).get("max_cost")) or 0} for day in days]}
+        row.update(budgets(agent) if budgets else _no_budget())
+        rows.append(row)
+    return {"agents": rows, "incident_on": incident_on}
+
+
+def _runs_per_day(org: Organization, since: dt.datetime) -> dict[Any, dict[dt.date, dict[str, Any]]]:
+    grouped: dict[Any, dict[dt.date, dict[str, Any]]] = defaultdict(dict)
+    for row in (Session.objects.filter(org=org, created__gte=since).values("agent_id", "created__date")
+                .annotate(runs=Count("id"), max_irreversible=Max("irreversible_calls"), max_cost=Max("cost"))):
+        grouped[row["agent_id"]][row["created__date"]] = row
+    return grouped
+
+
+def _no_budget() -> dict[str, Any]:
+    return {"caps": {}, "today_bars": [], "limit_fields": [], "source_label": "no budget policy",
             "on_exceeded": "pause", "on_exceeded_choices": ["pause", "stop", "escalate"],
-            "mode": "enforce", "mode_choices": ["enforce", "observe"],
-            "incident": False,
-        })
-    return {"agents": rows, "incident_on": incident(org) is not None}
+            "mode": "enforce", "mode_choices": ["enforce", "observe"], "incident": False}
+
+
+def _budgets_of(org: Organization, now: dt.datetime):
+    """A function giving each agent's budget part of the page, from three queries for all agents,
+    and whether the org's incident switch is on; (None, False) until the budgets app has policies."""
+    try:
+        from budgets.models import BudgetPolicy, DayCounter
+        from budgets.sizing import just_above, percentile
+    except ImportError:
+        return None, False
+    policies = {policy.agent_id: policy for policy in BudgetPolicy.objects.filter(org=org)}
+    default = policies.get(None)
+    today = {row.agent_id: row for row in DayCounter.objects.filter(org=org, day=org.today())}
+    healthy: dict[Any, dict[str, list]] = defaultdict(lambda: {"irreversible_calls": [], "cost": []})
+    # The budgets app's suggestion (sizing.suggest), for all agents at once: just above the p95
+    # of the runs that ended in the window completed and without a budget violation.
+    for agent_id, irreversible, cost in (
+            Session.objects.filter(org=org, created__gte=now - timedelta(days=CHART_DAYS),
+                                   state=Session.State.COMPLETED, violation__isnull=True)
+            .values_list("agent_id", "irreversible_calls", "cost")):
+        healthy[agent_id]["irreversible_calls"].append(irreversible)
+        healthy[agent_id]["cost"].append(cost)
+    org_incident = bool(default and default.incident)
+
+    def budget(agent: Agent) -> dict[str, Any]:
+        policy = policies.get(agent.pk) or default
+        limits = {name: getattr(policy, name) if policy else None for name, _, _ in LIMIT_LABELS}
+        used = today.get(agent.pk)
+        suggested = {counter: _number(just_above(percentile(sorted(values), 95)))
+                     for counter, values in healthy[agent.pk].items()}
+        irreversible_cap = 0 if org_incident else limits["max_irreversible_per_run"]
+        return {
+            "caps": {"irreversible": {"current": irreversible_cap, "suggested": suggested.get("irreversible_calls")},
+                     "cost": {"current": _number(limits["max_cost_per_run"]), "suggested": suggested.get("cost")}},
+            "today_bars": [Bar(label, _number(getattr(used, counter)) if used else 0, _number(limits[name]))
+                           for label, counter, name in DAY_COUNTERS],
+            "limit_fields": [{"name": name, "label": label, "step": step, "value": _number(limits[name])}
+                             for name, label, step in LIMIT_LABELS],
+            "source_label": ("its own policy" if agent.pk in policies else
+                             "the organization's default" if default else "no budget policy yet"),
+            "on_exceeded": policy.on_exceeded if policy else "pause",
+            "on_exceeded_choices": list(BudgetPolicy.OnExceeded.values),
+            "mode": policy.mode if policy else "enforce", "mode_choices": list(BudgetPolicy.Mode.values),
+            "incident": agent.pk in policies and policies[agent.pk].max_irreversible_per_run == 0,
+        }
+
+    return budget, org_incident
 
 
 # ---------------------------------------------------------------- compensation failures

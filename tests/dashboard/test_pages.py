@@ -256,3 +256,20 @@ def test_it_serves_the_static_files_it_links(acme):
         assert finders.find(f"undolog/{name}"), name
     html = page_client(acme).get("/").content.decode()
     assert "http://" not in html.split("<main>")[0] and "https://" not in html.split("<main>")[0]  # no CDN
+
+
+def test_it_shows_an_agents_limits_counters_and_caps(acme, tools):
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 2, "max_cost_per_day": 50},
+                     format="json")
+    hold(acme)
+
+    html = page_client(acme, "admin").get("/agents/").content.decode()
+    viewer = page_client(acme, "viewer").get("/agents/").content.decode()
+
+    assert 'name="max_irreversible_per_run" value="2"' in html
+    assert 'name="max_cost_per_day" value="50.0"' in html
+    assert "6 / 50" in html  # today's cost against the daily cap
+    assert 'class="cap"' in html and "cap 2" in html  # the chart's cap line
+    assert "its own policy" in html
+    assert 'id="incident-on"' in html and 'data-action="agent-incident-on"' in html
+    assert 'id="incident-on"' not in viewer and "<fieldset disabled>" in viewer

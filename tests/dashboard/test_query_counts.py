@@ -92,6 +92,8 @@ def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
     many, statements = count(client, "/agents/")
 
     assert many == few, statements
+    # the agents, their runs per day; with budgets: the policies, today's counters, the healthy runs
+    assert many == FRAME + 2 + 3 * BUDGETS, statements
 
 
 def test_the_failures_page_takes_a_fixed_number_of_queries(acme, busy):
