@@ -490,8 +490,8 @@ def _budgets_of(org: Organization, now: dt.datetime):
     """A function giving each agent's budget part of the page, from three queries for all agents,
     and whether the org's incident switch is on; (None, False) until the budgets app has policies."""
     try:
+        from budgets import sizing
         from budgets.models import BudgetPolicy, DayCounter
-        from budgets.sizing import just_above, percentile
     except ImportError:
         return None, False
     policies = {policy.agent_id: policy for policy in BudgetPolicy.objects.filter(org=org)}
@@ -512,7 +512,7 @@ def _budgets_of(org: Organization, now: dt.datetime):
         policy = policies.get(agent.pk) or default
         limits = {name: getattr(policy, name) if policy else None for name, _, _ in LIMIT_LABELS}
         used = today.get(agent.pk)
-        suggested = {counter: _number(just_above(percentile(sorted(values), 95)))
+        suggested = {counter: _number(sizing.just_above(sizing.percentile(sorted(values), 95)))
                      for counter, values in healthy[agent.pk].items()}
         irreversible_cap = 0 if org_incident else limits["max_irreversible_per_run"]
         return {

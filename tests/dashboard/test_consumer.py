@@ -22,6 +22,17 @@ from undolog_site.asgi import application
 ORIGIN = (b"origin", b"http://127.0.0.1")
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """A layer instance per test: each test runs in its own event loop (async_to_sync), and a Redis
+    layer keeps per-loop state (pools, the receive lock) from whichever loop used it first."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 def cookie_of(user) -> bytes:
     client = Client()
     client.force_login(user)
