@@ -167,6 +167,7 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     existing = Effect.objects.filter(session=session, call_signature=signature).first()
     if existing is not None:
         if call.safe_calls:
+            guard.settle(session)
             session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
         return _replay(existing, call)
     _check_open(agent, session)

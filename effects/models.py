@@ -216,10 +216,20 @@ class Session(models.Model):
             setattr(self, name, value)
 
     def complete(self, actor: str) -> None:
-        self.move({self.State.RUNNING}, self.State.COMPLETED, actor=actor)
+        with transaction.atomic():
+            self.move({self.State.RUNNING}, self.State.COMPLETED, actor=actor)
+            self.run_ended(actor)
 
     def fail(self, error: str, actor: str) -> None:
-        self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
+        with transaction.atomic():
+            self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
+            self.run_ended(actor)
+
+    def run_ended(self, actor: str) -> None:
+        """The run is over: its first budget violation applies on_exceeded (once, in this transaction)."""
+        from budgets.runs import run_ended
+
+        run_ended(self, actor)
 
     def await_approval(self, actor: str) -> None:
         self.move({self.State.RUNNING}, self.State.AWAITING_APPROVAL, actor=actor)
@@ -228,7 +238,9 @@ class Session(models.Model):
         self.move({self.State.AWAITING_APPROVAL}, self.State.RUNNING, actor=actor, reason=reason)
 
     def halt(self, actor: str, reason: str = "") -> None:
-        self.move({self.State.AWAITING_APPROVAL}, self.State.HALTED, actor=actor, reason=reason)
+        with transaction.atomic():
+            self.move({self.State.AWAITING_APPROVAL}, self.State.HALTED, actor=actor, reason=reason)
+            self.run_ended(actor)
 
 
 class SessionTransition(models.Model):

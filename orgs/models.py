@@ -232,8 +232,9 @@ class Event(models.Model):
         return f"{self.kind} @ {self.created:%Y-%m-%d %H:%M:%S}"
 
     @classmethod
-    def record(cls, org: Organization, kind: str, *, agent: Agent | None = None,
+    def record(cls, org: Organization, kind: str, /, *, agent: Agent | None = None,
                session_id: uuid.UUID | None = None, **data) -> Event:
+        # Positional-only, so event data may carry its own `kind` (a refusal's budget/approval).
         event = cls.objects.create(org=org, kind=kind, agent=agent, session_id=session_id, data=data)
         transaction.on_commit(lambda: event_recorded.send(sender=cls, event=event))
         return event

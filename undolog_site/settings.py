@@ -155,7 +155,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Countdowns never exceed this (DESIGN: deadlines live in rows, a beat sweep finds them).
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "0")
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE: dict = {
+    # Escalation webhooks whose message was lost or whose worker died (rows are the truth).
+    "budgets-sweep-escalations": {"task": "budgets.tasks.sweep_escalations", "schedule": 60.0},
+}
 
 CHANNEL_LAYERS = {
     "default": {

@@ -14,15 +14,16 @@ def statements(queries: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(TRANSACTION_CONTROL)]
 
 
-def test_a_compensable_intercept_takes_seven_queries(acme, session_id):
+def test_a_compensable_intercept_takes_eight_queries(acme, session_id):
     intercept(acme, session_id, "send_email", {"to": "first@x.io"}, 1)  # stamps the key's last use
 
     with CaptureQueriesContext(connection) as queries:
         response = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 2)
 
     assert response.status_code == 201
-    # key lookup, session lock, tools, signature lookup, effect, undo entry, session counters
-    assert len(statements(queries)) == 7, statements(queries)
+    # key lookup, session lock, tools, signature lookup, budget policy, effect, undo entry,
+    # session counters (a daily limit adds one guarded UPDATE: tests/budgets/test_hot_path.py)
+    assert len(statements(queries)) == 8, statements(queries)
 
 
 def test_a_commit_takes_three_queries_after_the_key_lookup(acme, session_id):
