@@ -1,4 +1,4 @@
-"""Dashboard pages (server-rendered)."""
+"""Dashboard pages (server-rendered). Actions go through /api/v1/ from the pages' scripts."""
 
 from django.urls import path
 
@@ -6,4 +6,11 @@ from approvals import views
 
 urlpatterns = [
     path("", views.queue, name="queue"),
+    path("orgs/", views.pick_org, name="pick-org"),
+    path("approvals/<uuid:pk>/", views.approval_detail, name="approval"),
+    path("sessions/", views.sessions, name="sessions"),
+    path("sessions/<uuid:pk>/", views.session_detail, name="session"),
+    path("agents/", views.agents, name="agents"),
+    path("compensation-failures/", views.compensation_failures, name="compensation-failures"),
+    path("settings/", views.org_settings, name="org-settings-page"),
 ]

@@ -1,3 +1,9 @@
 """Websocket routes of the dashboard."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from approvals.consumers import DashboardConsumer
+
+websocket_urlpatterns = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

@@ -1,9 +1,144 @@
-"""Dashboard views."""
+"""The reviewer dashboard: server-rendered pages that read with a fixed number of queries.
+
+Pages only READ (scoped to the reviewer's org, see `approvals/dashboard.py`); every action
+goes through the REST API from the page's JavaScript, so the API's permission checks and
+error messages are the only ones. A user in several orgs picks one; the choice lives in
+the session under "org" (the API's `caller_of` reads the same key).
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods
+
+from approvals import charts, dashboard
+from orgs.models import Membership
+
+ORG_SESSION_KEY = "org"
+
+
+def current_membership(request: HttpRequest) -> Membership | None:
+    """The membership of the org chosen in this session; the only one if there is one. One query."""
+    memberships = Membership.objects.select_related("org").filter(user=request.user)
+    slug = request.session.get(ORG_SESSION_KEY)
+    if slug:
+        chosen = memberships.filter(org__slug=slug).first()
+        if chosen is not None:
+            return chosen
+        del request.session[ORG_SESSION_KEY]  # removed from that org since: choose again
+    found = list(memberships[:2])
+    if len(found) == 1:
+        request.session[ORG_SESSION_KEY] = found[0].org.slug
+        return found[0]
+    return None
+
+
+def member_page(view):
+    """Log in, then be a member (viewer and up) of the chosen org; pass the membership on."""
+
+    @wraps(view)
+    @login_required
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        membership = current_membership(request)
+        if membership is None:
+            return HttpResponseRedirect(f"{reverse('pick-org')}?{urlencode({'next': request.get_full_path()})}")
+        request.membership = membership
+        return view(request, membership, *args, **kwargs)
+
+    return wrapper
+
+
+def page(request: HttpRequest, membership: Membership, template: str, context: dict,
+         *, partial: str | None = None) -> HttpResponse:
+    """Render a page with what every page shows (nav count, incident banner, role flags), or
+    with `?part=live` only the fragment the page's script swaps in on a live update."""
+    if partial and request.GET.get("part") == "live":
+        return render(request, partial, {**context, **dashboard.roles(membership)})
+    return render(request, template, {**dashboard.frame(membership), **context})
 
 
 @login_required
-def queue(request):
-    return render(request, "approvals/queue.html", {})
+@require_http_methods(["GET", "POST"])
+def pick_org(request: HttpRequest) -> HttpResponse:
+    memberships = list(Membership.objects.select_related("org").filter(user=request.user).order_by("org__name"))
+    target = request.POST.get("next") or request.GET.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+        target = "/"
+    error, status = "", 403 if not memberships else 200
+    if request.method == "POST":
+        slug = request.POST.get("org", "")
+        if any(m.org.slug == slug for m in memberships):
+            request.session[ORG_SESSION_KEY] = slug
+            return HttpResponseRedirect(target)
+        error, status = "You are not a member of that organization; pick one of yours.", 400
+    return render(request, "approvals/pick_org.html",
+                  {"memberships": memberships, "next": target, "error": error,
+                   "current": request.session.get(ORG_SESSION_KEY)}, status=status)
+
+
+@require_GET
+@member_page
+def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
+    org = membership.org
+    approvals = dashboard.pending_queue(org)
+    stats = dashboard.decision_stats(org)
+    return page(request, membership, "approvals/queue.html", {
+        "approvals": approvals, "stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
+        "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
+    })
+
+
+@require_GET
+@member_page
+def approval_detail(request: HttpRequest, membership: Membership, pk) -> HttpResponse:
+    approval = get_object_or_404(dashboard.approvals_of(membership.org), pk=pk)
+    context = dashboard.approval_context(approval)
+    return page(request, membership, "approvals/approval.html", context, partial="approvals/_approval_live.html")
+
+
+@require_GET
+@member_page
+def sessions(request: HttpRequest, membership: Membership) -> HttpResponse:
+    listing = dashboard.session_list(membership.org, request.GET)
+    return page(request, membership, "approvals/sessions.html", {"listing": listing})
+
+
+@require_GET
+@member_page
+def session_detail(request: HttpRequest, membership: Membership, pk) -> HttpResponse:
+    session = get_object_or_404(dashboard.sessions_of(membership.org), pk=pk)
+    return page(request, membership, "approvals/session.html", dashboard.session_context(session),
+                partial="approvals/_session_live.html")
+
+
+@require_GET
+@member_page
+def agents(request: HttpRequest, membership: Membership) -> HttpResponse:
+    context = dashboard.agents_context(membership.org)
+    for row in context["agents"]:
+        row["charts"] = charts.runs_against_cap(row["runs_per_day"], row["caps"])
+    return page(request, membership, "approvals/agents.html", context, partial="approvals/_agents_live.html")
+
+
+@require_GET
+@member_page
+def compensation_failures(request: HttpRequest, membership: Membership) -> HttpResponse:
+    return page(request, membership, "approvals/failures.html",
+                {"entries": dashboard.compensation_failures(membership.org)},
+                partial="approvals/_failures_live.html")
+
+
+@require_GET
+@member_page
+def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
+    is_admin = membership.has_role(Membership.Role.ADMIN)
+    return page(request, membership, "approvals/settings.html",
+                dashboard.settings_context(membership.org, with_webhooks=is_admin))

@@ -1,0 +1,125 @@
+"""The dashboard's websocket: one per open page, joined to its org's Channels group.
+
+Events reach the group from `approvals/events.py` as `{"type": "<event kind>", "payload": {...}}`
+(after the change committed). The consumer forwards each to the browser unchanged. It reads
+the database once, to check the membership in `connect()`, and never writes to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from orgs.models import Membership
+
+log = logging.getLogger(__name__)
+
+# Close codes the page's script understands (4000-4999 are the application's).
+NOT_LOGGED_IN = 4401
+NOT_A_MEMBER = 4403
+
+
+def group_name(org_id: Any) -> str:
+    return f"org.{org_id}"
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    """Forwards the org's events to one dashboard page."""
+
+    group: str | None = None
+
+    async def connect(self) -> None:
+        """1. Refuse anonymous users (the handshake is closed before it is accepted).
+        2. Find the membership: the org named in `?org=`, else the session's chosen org, else the
+           user's only org. Not a member of it: refused.
+        3. Join only that org's group, accept, and say hello with the org and role.
+        """
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=NOT_LOGGED_IN)
+            return
+        membership = await self._membership(user)
+        if membership is None:
+            await self.close(code=NOT_A_MEMBER)
+            return
+        self.group = group_name(membership.org_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "hello", "payload": {"org": membership.org.slug, "role": membership.role}})
+
+    @database_sync_to_async
+    def _membership(self, user) -> Membership | None:
+        query = parse_qs(self.scope.get("query_string", b"").decode(errors="replace"))
+        slug = (query.get("org") or [""])[0] or (self.scope.get("session") or {}).get("org")
+        memberships = Membership.objects.select_related("org").filter(user=user)
+        if slug:
+            return memberships.filter(org__slug=slug).first()
+        found = list(memberships[:2])
+        return found[0] if len(found) == 1 else None
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs) -> None:
+        # The page only pings, to notice a connection that died without a close frame.
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "payload": {}})
+
+    async def dispatch(self, message: dict) -> None:
+        """Ignore group messages of a kind this consumer has no handler for (a newer server
+        may publish kinds an older one does not know): drop them, keep the socket open."""
+        kind = message.get("type", "")
+        if not isinstance(kind, str) or (not kind.startswith("websocket.") and kind not in EVENT_HANDLERS):
+            log.debug("dashboard consumer ignores a %r message", kind)
+            return
+        await super().dispatch(message)
+
+    async def forward(self, message: dict) -> None:
+        await self.send_json({"type": message["type"], "payload": message.get("payload") or {}})
+
+    # One handler per event kind (Channels maps "approval.requested" to approval_requested).
+
+    async def approval_requested(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def approval_decided(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def approval_expired(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def approval_extended(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def compensation_failed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def permission_denied(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def budget_exceeded(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def agent_suspended(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def agent_resumed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def incident_changed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def session_updated(self, message: dict) -> None:
+        await self.forward(message)
+
+
+EVENT_HANDLERS = frozenset({
+    "approval.requested", "approval.decided", "approval.expired", "approval.extended", "compensation.failed",
+    "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed", "incident.changed",
+    "session.updated",
+})

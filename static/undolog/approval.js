@@ -1,0 +1,96 @@
+/* One approval request: Approve (a), Reject with a reason (r), Reject and roll back, Extend.
+ * Decisions go through the API; the decision panel is re-rendered by the server when any
+ * reviewer decides, so everyone sees who decided. */
+(function () {
+  "use strict";
+  var UL = window.UL;
+  var holder = document.querySelector(".decision-card");
+  var refresh = UL.refresher(holder);
+
+  function live() { return document.getElementById("approval-live"); }
+  function id() { return live().dataset.id; }
+  function pending() { return live().dataset.state === "pending"; }
+
+  function afterDecision(data) {
+    refresh();
+    return data;
+  }
+
+  function approve() {
+    var button = document.getElementById("approve-button");
+    if (!button || !pending()) return;
+    UL.act(button, function () {
+      return UL.api("POST", "/api/v1/approvals/" + id() + "/approve", {args_digest: live().dataset.digest});
+    }, "Approved.").then(afterDecision, function () { refresh(); });
+  }
+
+  function reject(rollback) {
+    var input = document.getElementById("reject-reason");
+    if (!input || !pending()) return;
+    var reason = input.value.trim();
+    if (!reason) {
+      UL.flash("Write a reason to reject: the agent is told it.", "error");
+      input.focus();
+      return;
+    }
+    var button = document.getElementById(rollback ? "reject-rollback-button" : "reject-button");
+    UL.act(button, function () {
+      return UL.api("POST", "/api/v1/approvals/" + id() + "/reject" + (rollback ? "?rollback=true" : ""),
+                    {reason: reason});
+    }, rollback ? "Rejected; the run is being rolled back." : "Rejected.").then(afterDecision, function () { refresh(); });
+  }
+
+  function extend(event) {
+    event.preventDefault();
+    var minutes = parseInt(document.getElementById("extend-minutes").value, 10);
+    UL.act(document.getElementById("extend-button"), function () {
+      return UL.api("POST", "/api/v1/approvals/" + id() + "/extend", {minutes: minutes});
+    }, "Deadline extended.").then(afterDecision, function () {});
+  }
+
+  holder.addEventListener("click", function (event) {
+    var target = event.target.closest("button");
+    if (!target) return;
+    if (target.id === "approve-button") approve();
+    if (target.id === "reject-rollback-button") reject(true);
+  });
+  holder.addEventListener("submit", function (event) {
+    if (event.target.id === "reject-form") {
+      event.preventDefault();
+      reject(false);
+    }
+    if (event.target.id === "extend-form") extend(event);
+  });
+
+  document.addEventListener("keydown", function (event) {
+    if (event.altKey || event.ctrlKey || event.metaKey || !pending()) return;
+    var tag = (event.target.tagName || "").toLowerCase();
+    if (tag === "input" || tag === "textarea" || tag === "select" || event.target.isContentEditable) return;
+    if (document.getElementById("confirm-dialog").open) return;
+    if (event.key === "a") {
+      event.preventDefault();
+      approve();
+    } else if (event.key === "r") {
+      event.preventDefault();
+      var input = document.getElementById("reject-reason");
+      if (input && input.value.trim()) reject(false);
+      else if (input) input.focus();
+    }
+  });
+
+  holder.addEventListener("ul:refreshed", function () {
+    var state = live().dataset.state;
+    var badge = document.getElementById("approval-state");
+    badge.textContent = state;
+    badge.className = "state state-" + state;
+  });
+
+  function mine(payload) {
+    var approval = payload.approval || (payload.data && payload.data.approval) || {};
+    return approval.id === id();
+  }
+  ["approval.decided", "approval.expired", "approval.extended"].forEach(function (kind) {
+    UL.on(kind, function (payload) { if (mine(payload)) refresh(); });
+  });
+  UL.onConnect(function (reconnected) { if (reconnected) refresh(); });
+})();

@@ -1,0 +1,35 @@
+/* Compensation failures: Retry, or Mark resolved with a note (the person undid it by hand). */
+(function () {
+  "use strict";
+  var UL = window.UL;
+  var holder = document.getElementById("failures-live");
+  var refresh = UL.refresher(holder);
+
+  UL.on("compensation.failed", refresh);
+  UL.onConnect(function (reconnected) { if (reconnected) refresh(); });
+
+  holder.addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-action]");
+    if (!button) return;
+    var row = button.closest("tr[data-entry]");
+    var entry = row.dataset.entry;
+    if (button.dataset.action === "retry") {
+      UL.act(button, function () {
+        return UL.api("POST", "/api/v1/undo-entries/" + entry + "/retry", {});
+      }, "Retrying; the walk resumes from this step.").then(refresh, function () {});
+    }
+    if (button.dataset.action === "resolve") {
+      UL.confirm({
+        title: "Mark this compensation resolved?",
+        body: "Say what you did by hand. The walk then resumes with the steps below this one.",
+        confirm: "Mark resolved",
+        input: {label: "Note", required: true}
+      }).then(function (note) {
+        if (note === null) return;
+        UL.act(button, function () {
+          return UL.api("POST", "/api/v1/undo-entries/" + entry + "/resolve", {note: note});
+        }, "Marked resolved.").then(refresh, function () {});
+      });
+    }
+  });
+})();

@@ -1,0 +1,158 @@
+/* The approval queue: rows arrive and leave live; on every (re)connect the pending list is
+ * re-fetched from the API and the table reconciled with it, so nothing missed stays missed. */
+(function () {
+  "use strict";
+  var UL = window.UL;
+  var tbody = document.getElementById("queue-rows");
+  var template = document.getElementById("queue-row-template");
+  var soundToggle = document.getElementById("sound-toggle");
+  soundToggle.checked = localStorage.getItem("undolog.sound") === "1";
+  soundToggle.addEventListener("change", function () {
+    localStorage.setItem("undolog.sound", soundToggle.checked ? "1" : "0");
+    if (soundToggle.checked) UL.beep();
+  });
+
+  function rows() {
+    return Array.prototype.slice.call(tbody.querySelectorAll("tr.queue-row"));
+  }
+
+  function rowOf(id) {
+    return tbody.querySelector('tr.queue-row[data-id="' + CSS.escape(id) + '"]');
+  }
+
+  function firstLine(text) {
+    text = (text || "").trim();
+    var line = text ? text.split("\n")[0].trim() : "";
+    return line.length > 200 ? line.slice(0, 199) + "…" : line;
+  }
+
+  /* The request's own reasoning: the API item has it; an event's approval carries the trace. */
+  function reasoningOf(item) {
+    if (typeof item.reasoning === "string") return firstLine(item.reasoning);
+    var trace = (item.agent_context && item.agent_context.reasoning) || [];
+    for (var i = trace.length - 1; i >= 0; i--) {
+      if (trace[i].step_index === item.step_index) return firstLine(trace[i].text);
+    }
+    return "";
+  }
+
+  function build(item) {
+    var row = template.content.firstElementChild.cloneNode(true);
+    row.dataset.id = item.id;
+    row.dataset.deadline = item.timeout_at;
+    var countdown = row.querySelector("time.countdown");
+    countdown.setAttribute("datetime", item.timeout_at);
+    countdown.textContent = UL.formatLeft(Date.parse(item.timeout_at) - Date.now());
+    row.querySelector(".auto").hidden = !item.auto_approve_on_timeout;
+    var link = row.querySelector("a.row-link");
+    link.href = "/approvals/" + item.id + "/";
+    link.textContent = item.tool;
+    row.querySelector(".agent").textContent = item.agent || "";
+    var tags = row.querySelector(".tags");
+    (item.risk_tags || []).forEach(function (tag) {
+      var span = document.createElement("span");
+      span.className = "tag " + UL.riskClass(tag);
+      span.textContent = tag;
+      tags.appendChild(span);
+    });
+    row.querySelector(".impact").textContent = item.estimated_impact || "";
+    row.querySelector(".reasoning").textContent = reasoningOf(item);
+    return row;
+  }
+
+  function insertSorted(row) {
+    var deadline = Date.parse(row.dataset.deadline);
+    var before = null;
+    rows().some(function (other) {
+      if (other !== row && Date.parse(other.dataset.deadline) > deadline) {
+        before = other;
+        return true;
+      }
+      return false;
+    });
+    tbody.insertBefore(row, before);
+  }
+
+  function update() {
+    var count = rows().length;
+    document.getElementById("queue-count").textContent = count;
+    document.getElementById("queue-empty").hidden = count > 0;
+    UL.setPending(count);
+  }
+
+  function add(item, fresh) {
+    if (!item || !item.id || (item.state && item.state !== "pending") || rowOf(item.id)) return false;
+    var row = build(item);
+    insertSorted(row);
+    if (fresh) {
+      row.classList.add("new");
+      setTimeout(function () { row.classList.remove("new"); }, 4000);
+    }
+    return true;
+  }
+
+  function remove(id) {
+    var row = rowOf(id);
+    if (!row) return;
+    row.classList.add("leaving");
+    row.dataset.id = "";  // a re-add of the same id (reconcile) must not find it
+    setTimeout(function () { row.remove(); update(); }, 250);
+  }
+
+  function approvalId(payload) {
+    return (payload.approval && payload.approval.id) || (payload.data && payload.data.approval && payload.data.approval.id);
+  }
+
+  UL.on("approval.requested", function (payload) {
+    if (add(payload.approval, true)) {
+      update();
+      if (soundToggle.checked) UL.beep();
+    } else if (!payload.approval) {
+      refetch();
+    }
+  });
+  ["approval.decided", "approval.expired"].forEach(function (kind) {
+    UL.on(kind, function (payload) {
+      var id = approvalId(payload);
+      if (id) remove(id);
+      update();
+    });
+  });
+  UL.on("approval.extended", function (payload) {
+    var row = rowOf(approvalId(payload) || "");
+    var item = payload.approval || {};
+    if (!row || !item.timeout_at) return;
+    row.dataset.deadline = item.timeout_at;
+    row.querySelector("time.countdown").setAttribute("datetime", item.timeout_at);
+    insertSorted(row);
+    UL.tick();
+  });
+
+  function refetch() {
+    return UL.api("GET", "/api/v1/approvals?state=pending&limit=500").then(function (data) {
+      var items = (data && data.approvals) || [];
+      var wanted = {};
+      items.forEach(function (item) { wanted[item.id] = item; });
+      rows().forEach(function (row) {
+        if (!wanted[row.dataset.id]) remove(row.dataset.id);
+      });
+      items.forEach(function (item) {
+        var row = rowOf(item.id);
+        if (row && row.dataset.deadline !== item.timeout_at) {
+          row.dataset.deadline = item.timeout_at;
+          row.querySelector("time.countdown").setAttribute("datetime", item.timeout_at);
+          insertSorted(row);
+        } else if (!row) {
+          add(item, true);
+        }
+      });
+      update();
+      UL.tick();
+    }, function (err) {
+      UL.flash("Could not refresh the queue: " + err.message, "error");
+    });
+  }
+
+  UL.onConnect(function () { refetch(); });
+  update();
+})();

@@ -1,0 +1,77 @@
+/* Org settings and webhooks (admins). */
+(function () {
+  "use strict";
+  var UL = window.UL;
+  var form = document.getElementById("settings-form");
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var body = {
+      approval_timeout_s: parseInt(form.approval_timeout_s.value, 10),
+      auto_approve_on_timeout: form.auto_approve_on_timeout.checked,
+      context_window: parseInt(form.context_window.value, 10),
+      email_notifications: form.email_notifications.checked,
+      time_zone: form.time_zone.value.trim()
+    };
+    UL.act(form.querySelector("button[type=submit]"), function () {
+      return UL.api("PATCH", "/api/v1/org/settings", body);
+    }, "Settings saved.").catch(function () {});
+  });
+
+  var hookForm = document.getElementById("webhook-form");
+  if (!hookForm) return;
+  hookForm.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var kinds = hookForm.event_types.value.split(",").map(function (s) { return s.trim(); }).filter(Boolean);
+    UL.act(hookForm.querySelector("button[type=submit]"), function () {
+      return UL.api("POST", "/api/v1/webhooks", {url: hookForm.url.value.trim(), event_types: kinds,
+                                                  slack: hookForm.slack.checked});
+    }, "Webhook added.").then(function (hook) {
+      var note = document.getElementById("webhook-secret");
+      note.hidden = false;
+      note.textContent = "Signing secret of the new webhook (shown once): " + hook.secret;
+      hookForm.reset();
+      addRow(hook);
+    }, function () {});
+  });
+
+  function addRow(hook) {
+    var tbody = document.getElementById("webhook-rows");
+    var empty = tbody.querySelector(".empty-row");
+    if (empty) empty.remove();
+    var row = document.createElement("tr");
+    row.dataset.webhook = hook.id;
+    [hook.url, (hook.event_types || []).join(", ") || "all", hook.slack ? "Slack" : "JSON", hook.secret_hint]
+      .forEach(function (text, n) {
+        var cell = document.createElement("td");
+        if (n === 0 || n === 3) {
+          var code = document.createElement("code");
+          code.textContent = text;
+          cell.appendChild(code);
+        } else {
+          cell.textContent = text;
+        }
+        row.appendChild(cell);
+      });
+    var cell = document.createElement("td");
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "small danger";
+    button.dataset.action = "delete-webhook";
+    button.textContent = "Delete";
+    cell.appendChild(button);
+    row.appendChild(cell);
+    tbody.appendChild(row);
+  }
+
+  document.getElementById("webhook-rows").addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-action=delete-webhook]");
+    if (!button) return;
+    var row = button.closest("tr");
+    UL.confirm({title: "Delete this webhook?", body: "Events stop going to " + row.querySelector("code").textContent + ".",
+                confirm: "Delete"}).then(function (ok) {
+      if (!ok) return;
+      UL.act(button, function () { return UL.api("DELETE", "/api/v1/webhooks/" + row.dataset.webhook); },
+             "Webhook deleted.").then(function () { row.remove(); }, function () {});
+    });
+  });
+})();

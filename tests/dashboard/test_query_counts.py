@@ -1,0 +1,111 @@
+"""Each page's SQL, pinned, with enough rows that a query per row would show: no N+1."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import budgets.models
+from effects.models import Session
+from orgs.models import Agent
+from tests.conftest import intercept
+from tests.dashboard.conftest import hold, page_client
+
+# Until the budgets app has its policies, there is no incident switch or limit to read.
+BUDGETS = 1 if hasattr(budgets.models, "BudgetPolicy") else 0
+# Every page: the session, the user, the membership, the nav badge's count, the incident banner.
+FRAME = 4 + BUDGETS
+
+
+def count(client, url: str) -> tuple[int, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+    assert response.status_code == 200, response.content[:500]
+    statements = [q["sql"] for q in queries.captured_queries
+                  if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    return len(statements), statements
+
+
+@pytest.fixture
+def busy(acme, tools):
+    """Three held runs (each with a committed compensable call and an undo entry) and 60 more sessions
+    over three agents."""
+    held = [hold(acme, {"account_id": f"acct-{n}"}) for n in range(3)]
+    for name in ("a", "b"):
+        agent = Agent.objects.create(org=acme.org, name=f"agent-{name}")
+        Session.objects.bulk_create(Session(org=acme.org, agent=agent, irreversible_calls=n % 3) for n in range(30))
+    return held
+
+
+def test_the_queue_takes_a_fixed_number_of_queries(acme, busy):
+    client = page_client(acme)
+    few, _ = count(client, "/")
+    for n in range(5):
+        hold(acme, {"account_id": f"more-{n}"})
+
+    many, statements = count(client, "/")
+
+    assert many == few, statements
+    assert many == FRAME + 2, statements  # the pending rows, the 7 days' decisions
+
+
+def test_an_approval_takes_a_fixed_number_of_queries(acme, busy):
+    n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
+
+    assert n == FRAME + 2, statements  # the request (with session, agent, effect), its history
+
+
+def test_the_sessions_list_takes_a_fixed_number_of_queries(acme, busy):
+    n, statements = count(page_client(acme), "/sessions/?since=24h")
+
+    assert n == FRAME + 2, statements  # the agents (for the filter), one page of sessions
+
+
+def test_a_session_takes_a_fixed_number_of_queries(acme, busy):
+    session = busy[0]["session"]
+    client = page_client(acme)
+    few, _ = count(client, f"/sessions/{session}/")
+    for step in range(10, 20):  # more calls, undo entries and transitions
+        intercept(acme, session, "send_email", {"to": f"u{step}@x.io"}, step)
+
+    many, statements = count(client, f"/sessions/{session}/")
+
+    assert many == few, statements
+    # the session, effects, their transitions, approvals, SAFE calls, refusals, undo entries,
+    # their attempts, the state history, the budget limits
+    assert many == FRAME + 9 + BUDGETS, statements
+
+
+def test_the_live_part_of_a_session_skips_the_frame(acme, busy):
+    n, statements = count(page_client(acme), f"/sessions/{busy[0]['session']}/?part=live")
+
+    assert n == 3 + 9 + BUDGETS, statements  # session, user, membership; then the session's own reads
+
+
+def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
+    client = page_client(acme)
+    few, _ = count(client, "/agents/")
+    for name in ("c", "d", "e"):
+        Agent.objects.create(org=acme.org, name=f"agent-{name}")
+
+    many, statements = count(client, "/agents/")
+
+    assert many == few, statements
+    # the agents, their runs per day; with budgets: the policies, today's counters, the healthy runs
+    assert many == FRAME + 2 + 3 * BUDGETS, statements
+
+
+def test_the_failures_page_takes_a_fixed_number_of_queries(acme, busy):
+    from effects.models import UndoEntry
+
+    UndoEntry.objects.filter(session__org=acme.org).update(state=UndoEntry.State.COMPENSATION_FAILED)
+    n, statements = count(page_client(acme), "/compensation-failures/")
+
+    assert n == FRAME + 2, statements  # the entries (with session, agent, effect), their attempts
+
+
+def test_the_settings_page_takes_a_fixed_number_of_queries(acme, busy):
+    n, statements = count(page_client(acme, "admin"), "/settings/")
+
+    assert n <= FRAME + 1, statements  # the webhooks
