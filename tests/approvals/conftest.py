@@ -18,9 +18,12 @@ from tests.processes import asgi_server, celery_worker
 MAIL_DIR = Path(settings.VAR_DIR) / "test-mail"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def worker(django_db_setup):
     """A real Celery worker with embedded beat (the real CELERY_BEAT_SCHEDULE) on the test broker.
+
+    Package-scoped: it must be gone before other packages' tests start workers of their own,
+    or it would take their tasks (a worker-crash test must own the only worker).
 
     Retries start at 100 ms so the retry tests stay fast; mail goes to files we can read.
     """
@@ -34,7 +37,7 @@ def worker(django_db_setup):
         yield process
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(django_db_setup) -> str:
     """The real ASGI app under uvicorn; its base URL."""
     with asgi_server() as base:
