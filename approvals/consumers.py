@@ -1,8 +1,10 @@
 """The dashboard's websocket: one per open page, joined to its org's Channels group.
 
 Events reach the group from `approvals/events.py` as `{"type": "<event kind>", "payload": {...}}`
-(after the change committed). The consumer forwards each to the browser unchanged. It reads
-the database once, to check the membership in `connect()`, and never writes to it.
+(after the change committed): every kind in `approvals.models.EVENT_KINDS`, that is every
+`Event.record` kind plus `session.updated`. The consumer forwards each to the browser unchanged,
+and drops a kind it does not know. It reads the database once, to check the membership in
+`connect()`, and never writes to it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from approvals.events import group_name
+from approvals.models import EVENT_KINDS
 from orgs.models import Membership
 
 log = logging.getLogger(__name__)
@@ -21,10 +25,6 @@ log = logging.getLogger(__name__)
 # Close codes the page's script understands (4000-4999 are the application's).
 NOT_LOGGED_IN = 4401
 NOT_A_MEMBER = 4403
-
-
-def group_name(org_id: Any) -> str:
-    return f"org.{org_id}"
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
@@ -118,8 +118,5 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self.forward(message)
 
 
-EVENT_HANDLERS = frozenset({
-    "approval.requested", "approval.decided", "approval.expired", "approval.extended", "compensation.failed",
-    "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed", "incident.changed",
-    "session.updated",
-})
+# The kinds forwarded: the server's list (a test checks each has its handler above).
+EVENT_HANDLERS = frozenset(EVENT_KINDS)

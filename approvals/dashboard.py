@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,14 +17,15 @@ from html import escape
 from typing import Any
 
 from django.db.models import Count, Max, Q, QuerySet, TextField
-from django.db.models.functions import Cast, Substr
+from django.db.models.functions import Cast, Substr, TruncDate
 from django.http import QueryDict
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.models import ApprovalRequest
-from budgets.models import Refusal
+from approvals.models import ApprovalRequest, OrgWebhook
+from budgets import sizing
+from budgets.models import BudgetPolicy, DayCounter, Limits, PolicyChange, Refusal
 from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoAttempt, UndoEntry
 from orgs.models import Agent, Membership, Organization
 
@@ -61,37 +61,25 @@ def roles(membership: Membership) -> dict[str, Any]:
             "is_admin": membership.has_role(Membership.Role.ADMIN)}
 
 
-def frame(membership: Membership) -> dict[str, Any]:
-    """The header, nav badge and incident banner: two queries."""
+def frame(membership: Membership, nav_pending: int | None = None) -> dict[str, Any]:
+    """The header, nav badge and incident banner: two queries (one when the page already
+    counted the pending requests)."""
     org = membership.org
     flags = roles(membership)
     config = {"org": org.slug, **flags, "ws": f"/ws/dashboard/?org={org.slug}", "risk_classes": RISK_CLASSES}
+    if nav_pending is None:
+        nav_pending = ApprovalRequest.objects.for_org(org).pending().count()
     return {"org": org, "membership": membership, **flags, "dashboard_config": config,
-            "nav_pending": ApprovalRequest.objects.for_org(org).pending().count(),
-            "incident": incident(org)}
+            "nav_pending": nav_pending, "incident": incident(org)}
 
 
 def incident(org: Organization) -> dict[str, Any] | None:
-    """The org's incident switch while it is on (who turned it on, when), else None.
-
-    Read from the budgets app's org default policy; until that model exists, never on.
-    """
-    model = _budget_policy_model()
-    if model is None:
-        return None
-    row = (model.objects.filter(org=org, agent__isnull=True, incident=True)
+    """The org's incident switch while it is on (who turned it on, when), else None. One query."""
+    row = (BudgetPolicy.objects.org_default(org).filter(incident=True)
            .values("incident_changed_at", "incident_changed_by").first())
     if row is None:
         return None
     return {"on": True, "changed_at": row["incident_changed_at"], "changed_by": row["incident_changed_by"]}
-
-
-def _budget_policy_model():
-    try:
-        from budgets.models import BudgetPolicy
-    except ImportError:
-        return None
-    return BudgetPolicy
 
 
 # ---------------------------------------------------------------- the queue
@@ -188,38 +176,14 @@ def _moment(text: str) -> dt.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
-def decision_stats(org: Organization, days: int = CHART_DAYS, now: dt.datetime | None = None) -> dict[str, Any]:
-    """Decisions per day of the org's calendar over the last `days` days, and the median time a
-    person took to decide (deadline decisions are not decision times). One query."""
-    now = now or timezone.now()
-    since = now - timedelta(days=days)
-    rows = (ApprovalRequest.objects.for_org(org).exclude(state=ApprovalRequest.State.PENDING)
-            .filter(decided_at__gte=since).values_list("state", "decided_by_label", "created", "decided_at"))
-    tz = org.tz
-    per_day = {(now - timedelta(days=n)).astimezone(tz).date(): {"approved": 0, "rejected": 0, "expired": 0,
-                                                                 "waits": []}
-               for n in range(days - 1, -1, -1)}
-    waits: list[float] = []
-    for state, label, created, decided_at in rows:
-        day = per_day.get(decided_at.astimezone(tz).date())
-        if day is None:
-            continue
-        day[state] += 1
-        if label != "timeout":
-            wait = (decided_at - created).total_seconds()
-            day["waits"].append(wait)
-            waits.append(wait)
-    return {
-        "decided": sum(day["approved"] + day["rejected"] + day["expired"] for day in per_day.values()),
-        "median_time_to_decide_s": _median(waits),
-        "per_day": [{"date": date, "approved": day["approved"], "rejected": day["rejected"],
-                     "expired": day["expired"], "median_time_to_decide_s": _median(day["waits"])}
-                    for date, day in per_day.items()],
-    }
+def queue_stats(org: Organization) -> dict[str, Any]:
+    """The queue's 7 days: approvals' own numbers (`GET /api/v1/approvals/stats`, one
+    calculation for the API and the page), with each day as a date for the chart. Two queries."""
+    from approvals.api import approval_stats
 
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
+    stats = approval_stats(org)
+    stats["per_day"] = [{**day, "date": dt.date.fromisoformat(day["date"])} for day in stats["per_day"]]
+    return stats
 
 
 # ---------------------------------------------------------------- one approval
@@ -413,19 +377,11 @@ RUN_COUNTERS = (("tool calls (run)", "tool_calls", "max_tool_calls_per_run"),
 
 
 def budget_bars(session: Session) -> list[Bar]:
-    """Used / limit for each run counter of the session. The limits come from the agent's budget
-    policy once the budgets app has one; until then the bars show usage with no limit."""
-    limits = agent_limits(session.org_id, session.agent_id)
+    """Used / limit for each run counter of the session, against the limits the guard applies
+    to its agent now (its own policy, else the org default; the incident switch shows as 0). One query."""
+    limits = Limits.for_agent(session.org_id, session.agent_id).values
     return [Bar(label, _number(getattr(session, counter)), _number(limits.get(name)))
             for label, counter, name in RUN_COUNTERS]
-
-
-def agent_limits(org_id: Any, agent_id: Any) -> dict[str, Any]:
-    try:
-        from budgets.models import Limits
-    except ImportError:
-        return {}
-    return dict(Limits.for_agent(org_id, agent_id).values)
 
 
 def _number(value: Any) -> float | None:
@@ -452,14 +408,16 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
     """Every agent with its state, today's counters, its limits and 7 days of runs against the cap.
 
     A fixed number of queries whatever the number of agents: the agents, the runs per day
-    (grouped in the database, so 10,000 runs are one query, not 10,000 rows), and with the
-    budgets app its policies, today's counters and the ended runs the suggestion sizes from.
+    (grouped in the database, so 10,000 runs are one query, not 10,000 rows), the budget
+    policies, today's counters and the ended runs the suggestion sizes from; one more while an
+    agent's own switch is on (the cap it had before, which turning the switch off restores).
     """
     now = now or timezone.now()
     agents = list(Agent.objects.for_org(org).order_by("name"))
-    days = [(now - timedelta(days=n)).date() for n in range(CHART_DAYS - 1, -1, -1)]
+    tz = org.tz
+    days = [(now - timedelta(days=n)).astimezone(tz).date() for n in range(CHART_DAYS - 1, -1, -1)]
     per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
-    budgets, incident_on = _budgets_of(org, now)
+    budget, incident_on = _budgets_of(org, now)
     rows = []
     for agent in agents:
         mine = per_day.get(agent.pk, {})
@@ -467,33 +425,24 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
                "runs_per_day": [{"date": day, "runs": mine.get(day, {}).get("runs", 0),
                                  "max_irreversible": mine.get(day, {}).get("max_irreversible") or 0,
                                  "max_cost": _number(mine.get(day, {}).get("max_cost")) or 0} for day in days]}
-        row.update(budgets(agent) if budgets else _no_budget())
+        row.update(budget(agent))
         rows.append(row)
     return {"agents": rows, "incident_on": incident_on}
 
 
 def _runs_per_day(org: Organization, since: dt.datetime) -> dict[Any, dict[dt.date, dict[str, Any]]]:
+    """Runs per agent per day of the org's calendar (the day its daily budgets use)."""
     grouped: dict[Any, dict[dt.date, dict[str, Any]]] = defaultdict(dict)
-    for row in (Session.objects.filter(org=org, created__gte=since).values("agent_id", "created__date")
+    for row in (Session.objects.filter(org=org, created__gte=since)
+                .annotate(day=TruncDate("created", tzinfo=org.tz)).values("agent_id", "day")
                 .annotate(runs=Count("id"), max_irreversible=Max("irreversible_calls"), max_cost=Max("cost"))):
-        grouped[row["agent_id"]][row["created__date"]] = row
+        grouped[row["agent_id"]][row["day"]] = row
     return grouped
 
 
-def _no_budget() -> dict[str, Any]:
-    return {"caps": {}, "today_bars": [], "limit_fields": [], "source_label": "no budget policy",
-            "on_exceeded": "pause", "on_exceeded_choices": ["pause", "stop", "escalate"],
-            "mode": "enforce", "mode_choices": ["enforce", "observe"], "incident": False}
-
-
 def _budgets_of(org: Organization, now: dt.datetime):
-    """A function giving each agent's budget part of the page, from three queries for all agents,
-    and whether the org's incident switch is on; (None, False) until the budgets app has policies."""
-    try:
-        from budgets import sizing
-        from budgets.models import BudgetPolicy, DayCounter
-    except ImportError:
-        return None, False
+    """A function giving each agent's budget part of the page, from three queries for all agents
+    (four while an agent's own switch is on), and whether the org's incident switch is on."""
     policies = {policy.agent_id: policy for policy in BudgetPolicy.objects.filter(org=org)}
     default = policies.get(None)
     today = {row.agent_id: row for row in DayCounter.objects.filter(org=org, day=org.today())}
@@ -501,12 +450,15 @@ def _budgets_of(org: Organization, now: dt.datetime):
     # The budgets app's suggestion (sizing.suggest), for all agents at once: just above the p95
     # of the runs that ended in the window completed and without a budget violation.
     for agent_id, irreversible, cost in (
-            Session.objects.filter(org=org, created__gte=now - timedelta(days=CHART_DAYS),
+            Session.objects.filter(org=org, created__gte=now - timedelta(days=sizing.WINDOW_DAYS),
                                    state=Session.State.COMPLETED, violation__isnull=True)
             .values_list("agent_id", "irreversible_calls", "cost")):
         healthy[agent_id]["irreversible_calls"].append(irreversible)
         healthy[agent_id]["cost"].append(cost)
     org_incident = bool(default and default.incident)
+    stopped = [agent_id for agent_id, policy in policies.items()
+               if agent_id is not None and policy.max_irreversible_per_run == 0]
+    restore = _caps_before_switch(org, stopped)
 
     def budget(agent: Agent) -> dict[str, Any]:
         policy = policies.get(agent.pk) or default
@@ -524,13 +476,29 @@ def _budgets_of(org: Organization, now: dt.datetime):
                              for name, label, step in LIMIT_LABELS],
             "source_label": ("its own policy" if agent.pk in policies else
                              "the organization's default" if default else "no budget policy yet"),
-            "on_exceeded": policy.on_exceeded if policy else "pause",
+            "on_exceeded": policy.on_exceeded if policy else BudgetPolicy.OnExceeded.PAUSE,
             "on_exceeded_choices": list(BudgetPolicy.OnExceeded.values),
-            "mode": policy.mode if policy else "enforce", "mode_choices": list(BudgetPolicy.Mode.values),
-            "incident": agent.pk in policies and policies[agent.pk].max_irreversible_per_run == 0,
+            "mode": policy.mode if policy else BudgetPolicy.Mode.ENFORCE,
+            "mode_choices": list(BudgetPolicy.Mode.values),
+            "incident": agent.pk in stopped,
+            "restore_irreversible": restore.get(agent.pk),
         }
 
     return budget, org_incident
+
+
+def _caps_before_switch(org: Organization, agent_ids: list[Any]) -> dict[Any, Any]:
+    """For agents whose own switch is on (irreversible per run at 0): the cap they had before it
+    went to 0, from the budget history (None: there was none). One query, only when needed."""
+    if not agent_ids:
+        return {}
+    before: dict[Any, Any] = {}
+    for agent_id, changes in (PolicyChange.objects.filter(org=org, agent_id__in=agent_ids)
+                              .order_by("-created", "-id").values_list("agent_id", "changes")):
+        change = (changes or {}).get("max_irreversible_per_run")
+        if agent_id not in before and isinstance(change, list) and len(change) == 2 and change[1] == 0:
+            before[agent_id] = change[0]  # the newest change that set it to 0
+    return before
 
 
 # ---------------------------------------------------------------- compensation failures
@@ -550,12 +518,6 @@ def compensation_failures(org: Organization) -> list[UndoEntry]:
 
 
 def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
-    webhooks: list[Any] = []
-    if with_webhooks:
-        try:
-            from approvals.models import OrgWebhook
-        except ImportError:
-            OrgWebhook = None  # noqa: N806
-        if OrgWebhook is not None:
-            webhooks = list(OrgWebhook.objects.for_org(org))
+    """The org's settings; its webhooks for admins only (their URLs are sensitive). One query."""
+    webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
     return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks}

@@ -56,12 +56,12 @@ def member_page(view):
 
 
 def page(request: HttpRequest, membership: Membership, template: str, context: dict,
-         *, partial: str | None = None) -> HttpResponse:
+         *, partial: str | None = None, nav_pending: int | None = None) -> HttpResponse:
     """Render a page with what every page shows (nav count, incident banner, role flags), or
     with `?part=live` only the fragment the page's script swaps in on a live update."""
     if partial and request.GET.get("part") == "live":
         return render(request, partial, {**context, **dashboard.roles(membership)})
-    return render(request, template, {**dashboard.frame(membership), **context})
+    return render(request, template, {**dashboard.frame(membership, nav_pending), **context})
 
 
 @login_required
@@ -89,11 +89,11 @@ def pick_org(request: HttpRequest) -> HttpResponse:
 def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
     org = membership.org
     approvals = dashboard.pending_queue(org)
-    stats = dashboard.decision_stats(org)
+    stats = dashboard.queue_stats(org)
     return page(request, membership, "approvals/queue.html", {
         "approvals": approvals, "stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
         "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
-    })
+    }, nav_pending=stats["pending"])
 
 
 @require_GET

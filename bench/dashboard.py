@@ -65,12 +65,15 @@ def seed(sessions: int, pending: int) -> dict[str, str]:
                          proposed_args=e.args, args_digest=e.args_digest, agent_context=_context(),
                          timeout_at=now + timedelta(seconds=60 + n)) for n, e in enumerate(effects)],
         batch_size=BATCH)
+    _budgets(org, agents)
     rich = _rich_session(org, agents[0], send, delete)
+    _failed_walks(org, agents[1], send, failures=20)
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # as autovacuum would have by now: plans for 10,000 rows, not for 0
-    return {"session": str(rich.id), "user": user.get_username(), "org": org.slug}
+    approval = ApprovalRequest.objects.filter(session=rich).values_list("id", flat=True).get()
+    return {"session": str(rich.id), "approval": str(approval), "user": user.get_username(), "org": org.slug}
 
 
 def _state(n: int, pending: int) -> str:
@@ -85,6 +88,41 @@ def _context() -> dict:
     calls = [{"step_index": n, "tool": "send_email", "tier": "compensable", "args": {"to": f"u{n}@x.io"},
               "state": "committed", "result": '{"id": 1}', "error": None} for n in range(10)]
     return {"calls": calls, "reasoning": [{"step_index": 3, "text": "Inactive for 14 months."}]}
+
+
+def _budgets(org, agents) -> None:
+    """An org default with daily limits, one agent with its own policy (its switch on), and
+    today's counters: what the agents and session pages read from the budgets app."""
+    from budgets.models import BudgetPolicy, DayCounter, PolicyChange
+
+    BudgetPolicy.objects.create(org=org, max_tool_calls_per_run=200, max_irreversible_per_run=5,
+                                max_cost_per_run=500, max_tool_calls_per_day=5000, max_irreversible_per_day=300,
+                                max_cost_per_day=20000)
+    BudgetPolicy.objects.create(org=org, agent=agents[2], max_irreversible_per_run=0, max_cost_per_run=20)
+    PolicyChange.objects.create(org=org, agent=agents[2], actor="bench",
+                                changes={"max_irreversible_per_run": [3, 0]})
+    DayCounter.objects.bulk_create(DayCounter(org=org, agent=agent, day=org.today(), tool_calls=100 * n,
+                                              irreversible_calls=5 * n, cost=12 * n)
+                                   for n, agent in enumerate(agents, start=1))
+
+
+def _failed_walks(org, agent, send, failures: int) -> None:
+    """`failures` compensations waiting for a person, each with three failed attempts."""
+    from effects import intercept as pipeline
+    from effects.models import Effect, Session, UndoAttempt, UndoEntry
+
+    session = Session.objects.create(org=org, agent=agent)
+    for step in range(1, failures + 1):
+        call = pipeline.parse({"tool": "send_email", "args": {"to": f"failed{step}@example.com"}, "step_index": step})
+        answer = pipeline.intercept(agent, session.id, call)
+        Effect.objects.get(pk=answer.body["effect"]["id"]).commit({"message_id": f"f-{step}"}, actor="agent:bench")
+    entries = list(UndoEntry.objects.filter(session=session))
+    UndoEntry.objects.filter(session=session).update(state=UndoEntry.State.COMPENSATION_FAILED, attempts=3,
+                                                     last_error="HTTP 503 from the undo webhook")
+    UndoAttempt.objects.bulk_create(
+        UndoAttempt(entry=entry, number=n, started_at=entry.created, duration_ms=90,
+                    outcome=UndoAttempt.Outcome.RETRY, status_code=503, error="HTTP 503")
+        for entry in entries for n in (1, 2, 3))
 
 
 def _rich_session(org, agent, send, delete):
@@ -104,9 +142,10 @@ def _rich_session(org, agent, send, delete):
     for entry in UndoEntry.objects.filter(session=session)[:5]:
         UndoAttempt.objects.create(entry=entry, number=1, started_at=entry.created, duration_ms=120,
                                    outcome=UndoAttempt.Outcome.RETRY, status_code=503, error="HTTP 503")
-    Refusal.objects.create(org=org, agent=agent, kind=Refusal.Kind.BUDGET, tool_name="delete_account",
-                           decided_by="budget", reason="max_irreversible_per_run reached", session_id=session.id,
-                           step_index=STEPS_IN_SESSION + 1)
+    Refusal.record(agent=agent, kind=Refusal.Kind.BUDGET, tool_name="delete_account", decided_by="budget",
+                   reason="budget limit max_irreversible_per_run reached (1 > 0)", session_id=session.id,
+                   step_index=STEPS_IN_SESSION + 1, args={"account_id": "acct-refused"},
+                   limit="max_irreversible_per_run")
     call = pipeline.parse({"tool": "delete_account", "args": {"account_id": "acct-rich"},
                            "step_index": STEPS_IN_SESSION + 2, "reasoning": "Inactive."})
     pipeline.intercept(agent, session.id, call)
@@ -149,14 +188,16 @@ def main(argv: list[str] | None = None) -> dict:
     from django.contrib.auth import get_user_model
 
     client.force_login(get_user_model().objects.get(username=made["user"]))
-    pages = {"queue (/)": "/", "session page": f"/sessions/{made['session']}/",
-             "sessions list": "/sessions/", "agents": "/agents/"}
+    pages = {"queue (/)": "/", "approval": f"/approvals/{made['approval']}/",
+             "session page": f"/sessions/{made['session']}/",
+             "session live part": f"/sessions/{made['session']}/?part=live", "sessions list": "/sessions/",
+             "agents": "/agents/", "comp. failures": "/compensation-failures/", "settings": "/settings/"}
     results = {}
     for name, url in pages.items():
         p50, p95, queries = measure(client, url, args.requests)
         results[name] = {"p50_ms": p50, "p95_ms": p95, "queries": queries}
         verdict = "ok" if p50 < 100 else "OVER the 100 ms aim"
-        print(f"  {name:14} server time p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  {queries:2d} queries  {verdict}")
+        print(f"  {name:17} server time p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  {queries:2d} queries  {verdict}")
     return results
 
 

@@ -260,12 +260,14 @@ def _tool_for(call: Call, tools: dict[str, Tool]) -> Tool:
 
 def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> Effect:
     initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
-    return Effect.objects.create(
+    effect = Effect.objects.create(
         org_id=session.org_id, session=session, tool=tool, tool_name=tool.name, tier=tool.tier,
         step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
         args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
         state=initial,
     )
+    effect.announce(None, initial)  # after commit, off this thread: no query, no wait
+    return effect
 
 
 def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:

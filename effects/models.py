@@ -76,6 +76,39 @@ def render_template(template: Any, args: dict) -> Any:
     return template
 
 
+def announce(instance: models.Model, what: str, from_state: str | None, to: str, *, name: str = "",
+             session_id: Any = None, org_id: Any = None, step_index: int | None = None) -> None:
+    """After commit, tell the org's open dashboards that a run moved: the one place every
+    session, effect and undo entry change goes through to reach `session.updated`.
+
+    No query and no network here or after commit (`approvals.events` coalesces and publishes
+    from its own thread), so the intercept and commit paths keep their pinned query counts.
+    Values come from what the instance already holds; a deferred org id is not worth a query.
+    """
+    if org_id is None:
+        return
+    from approvals import events
+
+    change = events.SessionChange(what=what, id=str(instance.pk), step_index=step_index, name=name,
+                                  **{"from": from_state}, to=to)
+    state = to if what == "session" else None
+    transaction.on_commit(lambda: events.session_changed(org_id, session_id, change, state=state,
+                                                         step_index=step_index))
+
+
+def _loaded(instance: models.Model, attname: str) -> Any:
+    """The field's value if the row was loaded with it, else None (never a query)."""
+    return instance.__dict__.get(attname)
+
+
+def _org_of_entry(entry: UndoEntry) -> Any:
+    """An undo entry has no org column: take it from whichever relation is already loaded."""
+    for relation in ("effect", "session", "fn"):
+        if UndoEntry._meta.get_field(relation).is_cached(entry):
+            return getattr(entry, relation).org_id
+    return None
+
+
 class Tier(models.TextChoices):
     SAFE = "safe"
     COMPENSABLE = "compensable"
@@ -228,6 +261,8 @@ class Session(models.Model):
             if changed == 1:
                 SessionTransition.objects.create(session=self, from_state=self.state, to_state=to,
                                                  actor=actor, reason=reason[:2000])
+                announce(self, "session", self.state, to, session_id=self.pk, org_id=_loaded(self, "org_id"),
+                         step_index=_loaded(self, "step_index"))
         if changed != 1:
             current = Session.objects.filter(pk=self.pk).values_list("state", flat=True).first()
             raise Conflict(f"The session is {current}; it cannot become {to}.",
@@ -406,6 +441,7 @@ class Effect(models.Model):
                 EffectTransition.objects.create(effect_id=self.pk, from_state=self.state, to_state=to,
                                                 actor=actor, reason=reason[:2000], created=now)
                 transaction.on_commit(lambda: longpoll.publish(self.pk))
+                self.announce(self.state, to)
         if changed != 1:
             # Another worker, reviewer or retry got there first.
             current = Effect.objects.filter(pk=self.pk).values_list("state", flat=True).first()
@@ -414,6 +450,10 @@ class Effect(models.Model):
         self.state, self.updated = to, now
         for name, value in fields.items():
             setattr(self, name, value)
+
+    def announce(self, from_state: str | None, to: str) -> None:
+        announce(self, "effect", from_state, to, name=self.tool_name, session_id=self.session_id,
+                 org_id=self.org_id, step_index=self.step_index)
 
     def commit(self, result: Any, actor: str) -> None:
         self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.COMMITTED, actor=actor, result=result)
@@ -556,10 +596,15 @@ class UndoEntry(models.Model):
         now = timezone.now()
         if rows.update(state=to, updated=now, **fields) != 1:
             return False
+        self.announce(self.state, to)
         self.state, self.updated = to, now
         for name, value in fields.items():
             setattr(self, name, value)
         return True
+
+    def announce(self, from_state: str | None, to: str) -> None:
+        announce(self, "undo_entry", from_state, to, name=self.fn_name, session_id=self.session_id,
+                 org_id=_org_of_entry(self), step_index=self.step_index)
 
     def claim(self, now: Any, lease_until: Any) -> bool:
         """Take the next attempt. Guarded on the state and attempt count read a moment ago (and on
@@ -574,6 +619,7 @@ class UndoEntry(models.Model):
         if rows.update(state=self.State.RUNNING, attempts=number, claimed_at=now, lease_until=lease_until,
                        next_attempt_at=None, updated=now) != 1:
             return False
+        self.announce(self.state, self.State.RUNNING)
         self.state, self.attempts, self.claimed_at, self.lease_until = self.State.RUNNING, number, now, lease_until
         self.next_attempt_at = None
         return True

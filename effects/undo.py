@@ -91,7 +91,9 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
 
 
 def _finish(session_id: uuid.UUID | str) -> None:
-    session = Session.objects.filter(pk=session_id, state=Session.State.COMPENSATING).only("state").first()
+    # org_id and step_index too: the move announces the change (session.updated) without a query.
+    session = (Session.objects.filter(pk=session_id, state=Session.State.COMPENSATING)
+               .only("state", "org_id", "step_index").first())
     if session is None:
         return
     try:

@@ -249,6 +249,9 @@ UNDOLOG_WEBHOOK_RETRY_BASE_MS = envint("UNDOLOG_WEBHOOK_RETRY_BASE_MS", "1000")
 UNDOLOG_EXECUTOR_MAX_ATTEMPTS = envint("UNDOLOG_EXECUTOR_MAX_ATTEMPTS", "3")
 # Longest long poll on GET /api/v1/effects/{id}?wait=
 UNDOLOG_MAX_WAIT_S = 60
+# session.updated (approvals/events.py): a run's changes within this window reach open dashboards
+# as one message, so a burst of transitions is one nudge, not hundreds; well under the 1 s promise.
+UNDOLOG_SESSION_UPDATE_WINDOW_MS = envint("UNDOLOG_SESSION_UPDATE_WINDOW_MS", "100")
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "undolog@localhost")

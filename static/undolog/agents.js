@@ -53,8 +53,12 @@
                name + " may make no irreversible call.").then(refresh, function () {});
       });
     } else if (button.dataset.action === "agent-incident-off") {
-      UL.act(button, function () { return UL.api("PATCH", budgetPath(name), {max_irreversible_per_run: null}); },
-             name + "'s irreversible calls are allowed again (no per-run limit).").then(refresh, function () {});
+      // Back to the cap it had before the switch (the server read it from the budget history).
+      var raw = button.dataset.restore || "";
+      var cap = raw === "" ? null : parseInt(raw, 10);
+      UL.act(button, function () { return UL.api("PATCH", budgetPath(name), {max_irreversible_per_run: cap}); },
+             name + "'s irreversible calls are allowed again (" + (cap === null ? "no per-run limit" : cap + " per run") + ").")
+        .then(refresh, function () {});
     }
   });
 

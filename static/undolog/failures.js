@@ -6,6 +6,13 @@
   var refresh = UL.refresher(holder);
 
   UL.on("compensation.failed", refresh);
+  // A retry or a resolution elsewhere (another reviewer, the API) takes a row off the list.
+  UL.on("session.updated", function (payload) {
+    var touched = (payload.changes || []).some(function (change) {
+      return change.from === "compensation_failed" || change.to === "compensation_failed";
+    });
+    if (touched || payload.more) refresh();
+  });
   UL.onConnect(function (reconnected) { if (reconnected) refresh(); });
 
   holder.addEventListener("click", function (event) {

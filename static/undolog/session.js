@@ -1,32 +1,22 @@
-/* A session page: the server re-renders the timeline, undo stack and budget bars when an event
- * of this run arrives, and every few seconds while the run is open (effects commit without
- * an event). Buttons: fail and roll back (reviewer), undo a completed run (admin). */
+/* A session page: the server re-renders the timeline, undo stack and budget bars when this run
+ * changes. `session.updated` (a run, one of its effects or undo entries moved; coalesced by the
+ * server) and every event that names this run trigger one re-render; on every reconnect the
+ * page re-reads, since messages sent while the socket was down are lost. No polling.
+ * Buttons: fail and roll back (reviewer), undo a completed run (admin). */
 (function () {
   "use strict";
   var UL = window.UL;
   var holder = document.getElementById("session-live");
   var id = holder.dataset.id;
   var refresh = UL.refresher(holder);
-  var timer = null;
-
-  function isOpen() {
-    var summary = document.getElementById("session-summary");
-    return summary && summary.dataset.open === "1";
-  }
 
   UL.on("*", function (payload) {
     if (payload.session === id) refresh();
   });
   UL.onConnect(function (reconnected) { if (reconnected) refresh(); });
-
-  function poll() {
-    clearTimeout(timer);
-    timer = setTimeout(function () {
-      if (isOpen() && !document.hidden) refresh();
-      poll();
-    }, 3000);
-  }
-  poll();
+  holder.addEventListener("ul:refreshed", function () {
+    holder.dataset.updated = String(Date.now());  // when the page last caught up (tests read it)
+  });
 
   holder.addEventListener("click", function (event) {
     var button = event.target.closest("button");

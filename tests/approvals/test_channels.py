@@ -14,9 +14,11 @@ from tests.approvals.conftest import hold
 from tests.conftest import make_persona
 
 
-def listen(groups: list[str], act, *, expect: int, quiet_s: float = 0.3) -> dict[str, list[dict]]:
+def listen(groups: list[str], act, *, expect: int, quiet_s: float = 0.3,
+           skip: frozenset[str] = frozenset({"session.updated"})) -> dict[str, list[dict]]:
     """Join `groups`, run `act()` (sync, in the test's thread), and collect messages per group
-    until `expect` arrived and then `quiet_s` passed without another."""
+    until `expect` arrived and then `quiet_s` passed without another. Kinds in `skip` are left
+    out (the runs' own `session.updated` nudges are tested in tests/dashboard)."""
 
     async def scenario() -> dict[str, list[dict]]:
         layer = get_channel_layer()
@@ -28,7 +30,9 @@ def listen(groups: list[str], act, *, expect: int, quiet_s: float = 0.3) -> dict
 
         async def drain(group: str, channel: str) -> None:
             while True:
-                received[group].append(await layer.receive(channel))
+                message = await layer.receive(channel)
+                if message["type"] not in skip:
+                    received[group].append(message)
 
         tasks = [asyncio.ensure_future(drain(group, channel)) for group, channel in channels.items()]
         loop = asyncio.get_running_loop()

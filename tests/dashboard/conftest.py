@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
 from tests.conftest import Persona, intercept, open_session, register_standard_tools
 from tests.processes import asgi_server
 
+ORIGIN = (b"origin", b"http://127.0.0.1")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--mute-audio"]
@@ -104,3 +106,44 @@ def log_in(page, user) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_selector("#live-status[data-state=live]")
+
+
+# ---------------------------------------------------------------- websockets
+
+
+@pytest.fixture
+def fresh_channel_layer():
+    """A layer instance per test: each test runs in its own event loop (async_to_sync), and a Redis
+    layer keeps per-loop state (pools, the receive lock) from whichever loop used it first."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def cookie_of(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def communicator(cookie: bytes | None = None, path: str = "/ws/dashboard/",
+                 origin: tuple | None = ORIGIN) -> WebsocketCommunicator:
+    """The dashboard's websocket through the real ASGI stack (origin check, cookies, session, auth)."""
+    from undolog_site.asgi import application
+
+    headers = [origin] if origin else []
+    if cookie is not None:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def connected(cookie: bytes, path: str = "/ws/dashboard/") -> WebsocketCommunicator:
+    """A socket that was accepted and said hello."""
+    socket = communicator(cookie, path)
+    ok, _ = await socket.connect()
+    assert ok
+    hello = await socket.receive_json_from(timeout=2)
+    assert hello["type"] == "hello"
+    return socket

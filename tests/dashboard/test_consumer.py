@@ -7,7 +7,7 @@ import asyncio
 import uuid
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -17,51 +17,18 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from orgs.models import Membership
+from tests.dashboard.conftest import ORIGIN, communicator, connected, cookie_of
 from undolog_site.asgi import application
 
-ORIGIN = (b"origin", b"http://127.0.0.1")
+pytestmark = pytest.mark.usefixtures("fresh_channel_layer")
 
 
-@pytest.fixture(autouse=True)
-def fresh_channel_layer():
-    """A layer instance per test: each test runs in its own event loop (async_to_sync), and a Redis
-    layer keeps per-loop state (pools, the receive lock) from whichever loop used it first."""
-    from channels.layers import channel_layers
-
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
-
-
-def cookie_of(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
-
-
-def communicator(cookie: bytes | None = None, path: str = "/ws/dashboard/",
-                 origin: tuple = ORIGIN) -> WebsocketCommunicator:
-    headers = [origin] if origin else []
-    if cookie is not None:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, path, headers=headers)
-
-
-def run(scenario) -> None:
-    async_to_sync(scenario)()
+def run(scenario):
+    return async_to_sync(scenario)()
 
 
 async def publish(org, kind: str, payload: dict) -> None:
     await get_channel_layer().group_send(f"org.{org.id}", {"type": kind, "payload": payload})
-
-
-async def connected(cookie: bytes, path: str = "/ws/dashboard/") -> WebsocketCommunicator:
-    socket = communicator(cookie, path)
-    ok, _ = await socket.connect()
-    assert ok
-    hello = await socket.receive_json_from(timeout=2)
-    assert hello["type"] == "hello"
-    return socket
 
 
 @pytest.mark.django_db(transaction=True)
@@ -275,3 +242,73 @@ def test_it_stops_hearing_the_group_after_disconnect(acme):
         await layer.group_send(f"org.{acme.org.id}", {"type": "approval.requested", "payload": {}})
 
     run(scenario)
+
+
+# ---------------------------------------------------------------- every kind the server publishes
+
+APPS = ("approvals", "budgets", "effects", "orgs")
+
+
+def recorded_kinds() -> set[str]:
+    """Every kind an `Event.record(org, "<kind>", ...)` call in the apps' code can write."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"Event\.record\(\s*[\w.]+\s*,\s*\"([a-z_.]+)\"")
+    return {kind for app in APPS for path in (root / app).rglob("*.py") for kind in pattern.findall(path.read_text())}
+
+
+def test_every_recorded_kind_and_session_updated_is_a_known_kind_with_a_handler():
+    from approvals.consumers import EVENT_HANDLERS, DashboardConsumer
+    from approvals.models import EVENT_KINDS
+
+    kinds = recorded_kinds()
+
+    assert {"approval.requested", "approval.extended", "compensation.failed", "permission_denied"} <= kinds
+    assert kinds | {"session.updated"} == set(EVENT_KINDS), "a kind is recorded that webhooks and pages do not know"
+    assert set(EVENT_HANDLERS) == set(EVENT_KINDS)
+    for kind in EVENT_KINDS:
+        assert callable(getattr(DashboardConsumer, kind.replace(".", "_"), None)), kind
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_recorded_kind_reaches_the_socket_through_the_notifier_and_it_stays_open(acme):
+    from django.db import transaction
+
+    from orgs.models import Event
+    from tests.dashboard.conftest import hold
+
+    held = hold(acme)
+    approval = {"id": held["approval"]["id"]}
+    cookie = cookie_of(acme.reviewer.user)
+    kinds = sorted(recorded_kinds())
+
+    def record_all() -> None:
+        for kind in kinds:
+            with transaction.atomic():  # each fanned out after its own commit, as in the app
+                Event.record(acme.org, kind, agent=acme.agent, session_id=held["session"], approval=approval,
+                             on=True, by="acme-admin", reason="budget", tool_name="delete_account")
+
+    async def scenario():
+        socket = await connected(cookie)
+        while not await socket.receive_nothing(timeout=0.4):  # hold()'s own messages
+            await socket.receive_json_from()
+        await sync_to_async(record_all)()
+        received = []
+        while not await socket.receive_nothing(timeout=0.5):
+            received.append(await socket.receive_json_from())
+        await socket.send_json_to({"type": "ping"})
+        pong = await socket.receive_json_from(timeout=2)
+        await socket.disconnect()
+        return received, pong
+
+    received, pong = run(scenario)
+
+    forwarded = [m for m in received if m["type"] != "session.updated"]
+    assert [m["type"] for m in forwarded] == kinds
+    for message in forwarded:
+        assert (message["payload"]["kind"], message["payload"]["session"]) == (message["type"], held["session"])
+        if message["type"].startswith("approval."):
+            assert message["payload"]["approval"]["id"] == approval["id"]  # the request as it is now
+    assert pong["type"] == "pong"

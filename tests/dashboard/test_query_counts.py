@@ -6,16 +6,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-import budgets.models
 from effects.models import Session
 from orgs.models import Agent
 from tests.conftest import intercept
 from tests.dashboard.conftest import hold, page_client
 
-# Until the budgets app has its policies, there is no incident switch or limit to read.
-BUDGETS = 1 if hasattr(budgets.models, "BudgetPolicy") else 0
 # Every page: the session, the user, the membership, the nav badge's count, the incident banner.
-FRAME = 4 + BUDGETS
+FRAME = 5
 
 
 def count(client, url: str) -> tuple[int, list[str]]:
@@ -47,7 +44,9 @@ def test_the_queue_takes_a_fixed_number_of_queries(acme, busy):
     many, statements = count(client, "/")
 
     assert many == few, statements
-    assert many == FRAME + 2, statements  # the pending rows, the 7 days' decisions
+    # the pending rows; approvals' 7-day stats: pending and overdue counts (which the nav badge
+    # reuses, so the frame's own count is skipped), the 7 days' decisions
+    assert many == FRAME - 1 + 1 + 2, statements
 
 
 def test_an_approval_takes_a_fixed_number_of_queries(acme, busy):
@@ -74,13 +73,13 @@ def test_a_session_takes_a_fixed_number_of_queries(acme, busy):
     assert many == few, statements
     # the session, effects, their transitions, approvals, SAFE calls, refusals, undo entries,
     # their attempts, the state history, the budget limits
-    assert many == FRAME + 9 + BUDGETS, statements
+    assert many == FRAME + 10, statements
 
 
 def test_the_live_part_of_a_session_skips_the_frame(acme, busy):
     n, statements = count(page_client(acme), f"/sessions/{busy[0]['session']}/?part=live")
 
-    assert n == 3 + 9 + BUDGETS, statements  # session, user, membership; then the session's own reads
+    assert n == 3 + 10, statements  # session, user, membership; then the session's own reads
 
 
 def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
@@ -92,8 +91,21 @@ def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
     many, statements = count(client, "/agents/")
 
     assert many == few, statements
-    # the agents, their runs per day; with budgets: the policies, today's counters, the healthy runs
-    assert many == FRAME + 2 + 3 * BUDGETS, statements
+    # the agents, their runs per day, the budget policies, today's counters, the healthy runs
+    assert many == FRAME + 5, statements
+
+
+def test_the_agents_page_reads_the_cap_to_restore_once_for_all_switched_off_agents(acme, busy):
+    from budgets.models import BudgetPolicy, PolicyChange
+
+    client = page_client(acme)
+    for agent in Agent.objects.for_org(acme.org):
+        BudgetPolicy.objects.create(org=acme.org, agent=agent, max_irreversible_per_run=0)
+        PolicyChange.objects.create(org=acme.org, agent=agent, actor="t", changes={"max_irreversible_per_run": [2, 0]})
+
+    n, statements = count(client, "/agents/")
+
+    assert n == FRAME + 5 + 1, statements  # the budget history of the switched agents, one query
 
 
 def test_the_failures_page_takes_a_fixed_number_of_queries(acme, busy):
