@@ -105,7 +105,7 @@ def _org_of_entry(entry: UndoEntry) -> Any:
     """An undo entry has no org column: take it from whichever relation is already loaded."""
     for relation in ("effect", "session", "fn"):
         if UndoEntry._meta.get_field(relation).is_cached(entry):
-            return getattr(entry, relation).org_id
+            return _loaded(getattr(entry, relation), "org_id")
     return None
 
 
@@ -452,8 +452,8 @@ class Effect(models.Model):
             setattr(self, name, value)
 
     def announce(self, from_state: str | None, to: str) -> None:
-        announce(self, "effect", from_state, to, name=self.tool_name, session_id=self.session_id,
-                 org_id=self.org_id, step_index=self.step_index)
+        announce(self, "effect", from_state, to, name=_loaded(self, "tool_name") or "", session_id=self.session_id,
+                 org_id=_loaded(self, "org_id"), step_index=_loaded(self, "step_index"))
 
     def commit(self, result: Any, actor: str) -> None:
         self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.COMMITTED, actor=actor, result=result)
@@ -603,8 +603,8 @@ class UndoEntry(models.Model):
         return True
 
     def announce(self, from_state: str | None, to: str) -> None:
-        announce(self, "undo_entry", from_state, to, name=self.fn_name, session_id=self.session_id,
-                 org_id=_org_of_entry(self), step_index=self.step_index)
+        announce(self, "undo_entry", from_state, to, name=_loaded(self, "fn_name") or "",
+                 session_id=self.session_id, org_id=_org_of_entry(self), step_index=_loaded(self, "step_index"))
 
     def claim(self, now: Any, lease_until: Any) -> bool:
         """Take the next attempt. Guarded on the state and attempt count read a moment ago (and on

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from effects.models import Session
-from tests.conftest import open_session, register_standard_tools
+from tests.conftest import intercept, open_session, register_standard_tools
 from tests.dashboard.conftest import SCREENSHOTS, hold, log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -181,14 +181,194 @@ def test_an_outsider_sees_none_of_it_and_its_urls_are_404(acme, outsider, server
 
 def test_screenshots_of_the_queue_and_a_session(acme, server, new_page):
     """Not an assertion of looks: it leaves var/dashboard-queue.png and var/dashboard-session.png
-    for people to look at, and checks the two pages render their main parts."""
-    first = hold(acme, {"account_id": "acct-101"})
+    for people to look at, and checks the two pages render their main parts. The run shown has a
+    SAFE call, committed calls, an approved irreversible call, a refusal in place and limits."""
+    register_standard_tools(acme)
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {
+        "max_tool_calls_per_run": 12, "max_irreversible_per_run": 3, "max_cost_per_run": 30,
+        "tool_caps_per_run": {"delete_account": 1}}, format="json")
+    for n, verb in enumerate(["approve", "approve", "reject"]):  # the 7-day chart has a day to show
+        decided = hold(acme, {"account_id": f"acct-{90 + n}"})
+        acme.reviewer.post(f"/api/v1/approvals/{decided['approval']['id']}/{verb}", {"reason": "checked the CRM"},
+                           format="json")
+    hold(acme, {"account_id": "acct-101"})
     hold(acme, {"account_id": "acct-102"}, reasoning="Duplicate account of acct-101; merged last week.")
+    run = open_session(acme)
+    sent = intercept(acme, run, "send_email", {"to": "owner@example.com", "subject": "Closing your account"}, 1,
+                     safe_calls=[{"tool": "list_inactive_accounts", "step_index": 0, "args": {"days": 365}}],
+                     reasoning="Tell the owner first.").json()["effect"]["id"]
+    acme.api.post(f"/api/v1/effects/{sent}/commit", {"result": {"message_id": "m-1"}}, format="json")
+    deleted = intercept(acme, run, "delete_account", {"account_id": "acct-100"}, 2,
+                        reasoning="No login for 14 months; the owner asked.").json()
+    acme.reviewer.post(f"/api/v1/approvals/{deleted['approval']['id']}/approve", {}, format="json")
+    acme.api.post(f"/api/v1/effects/{deleted['effect']['id']}/commit", {"result": {"deleted": True}}, format="json")
+    refused = intercept(acme, run, "delete_account", {"account_id": "acct-103"}, 3)
+    intercept(acme, run, "send_email", {"to": "audit@example.com", "subject": "Deleted acct-100"}, 4)
     page = new_page()
     log_in(page, acme.reviewer.user)
     page.wait_for_selector("tr.queue-row >> nth=1")
     page.screenshot(path=str(SCREENSHOTS / "dashboard-queue.png"), full_page=True)
-    page.goto(f"/sessions/{first['session']}/")
+    page.goto(f"/sessions/{run}/")
     page.wait_for_selector("#timeline .tl-item")
     page.screenshot(path=str(SCREENSHOTS / "dashboard-session.png"), full_page=True)
+
+    assert refused.status_code == 429
+    assert page.locator("#timeline .tl-item").count() == 5  # SAFE, two sends, the delete, the refusal
+    assert page.locator("#timeline .kind-refusal").count() == 1
     assert (SCREENSHOTS / "dashboard-queue.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- the run's own page, and the actions
+
+
+def test_an_agents_commit_shows_on_an_open_session_page_within_a_second_without_polling(acme, server, new_page):
+    register_standard_tools(acme)
+    session = open_session(acme)
+    page = new_page()
+    log_in(page, acme.viewer.user)
+    with agent_http(server, acme) as agent:
+        effect = agent.post(f"/api/v1/sessions/{session}/intercept",
+                            json={"tool": "send_email", "args": {"to": "a@x.io"}, "step_index": 1}).json()["effect"]
+    page.goto(f"/sessions/{session}/")
+    page.wait_for_selector("#timeline .tl-item .state-executing")
+    refetches: list[str] = []
+    page.on("request", lambda request: refetches.append(request.url) if "part=live" in request.url else None)
+    page.evaluate("window.notReloaded = true")
+    time.sleep(3.5)  # longer than the old 3 s poll: a quiet run is not re-read
+    assert refetches == []
+
+    with agent_http(server, acme) as agent:
+        started = time.monotonic()
+        committed = agent.post(f"/api/v1/effects/{effect['id']}/commit", json={"result": {"message_id": "m-9"}})
+        page.wait_for_selector("#timeline .tl-item .state-committed", timeout=1000)
+        elapsed = time.monotonic() - started
+
+    assert committed.status_code == 200
+    assert elapsed < 1.0, elapsed
+    assert page.evaluate("window.notReloaded") is True
+    assert "m-9" in page.inner_text("#timeline")
+    assert "executing → committed" in page.inner_text("#timeline .transitions")
+    assert len(refetches) <= 2  # one per message of the run (the commit is one), none on a timer
+
+
+def test_a_reviewer_fails_a_run_from_its_page_and_it_rolls_back(acme, server, new_page):
+    held = hold(acme)
+    page = new_page()
+    log_in(page, acme.reviewer.user)
+    page.goto(f"/sessions/{held['session']}/")
+
+    page.click("#fail-button")
+    page.click("#confirm-ok")  # no reason: the dialog asks for one, nothing is sent
+    page.wait_for_selector("#confirm-error:not([hidden])")
+    page.fill("#confirm-input", "the customer called: stop everything")
+    page.click("#confirm-ok")
+
+    page.wait_for_selector("#session-state.state-compensating, #session-state.state-compensated")
+    session = Session.objects.get(pk=held["session"])
+    assert session.state in ("compensating", "compensated")
+    assert session.error == "the customer called: stop everything"
+    assert "the customer called" in page.inner_text("#session-summary")
+
+
+def test_an_admin_undoes_a_completed_run_after_a_confirmation_naming_its_steps(acme, server, new_page):
+    register_standard_tools(acme)
+    session = open_session(acme)
+    with agent_http(server, acme) as agent:
+        for step, to in ((1, "first@x.io"), (2, "second@x.io")):
+            effect = agent.post(f"/api/v1/sessions/{session}/intercept",
+                                json={"tool": "send_email", "args": {"to": to}, "step_index": step}).json()["effect"]
+            agent.post(f"/api/v1/effects/{effect['id']}/commit", json={"result": {"ok": True}})
+        agent.post(f"/api/v1/sessions/{session}/complete", json={})
+    reviewer = new_page()
+    log_in(reviewer, acme.reviewer.user)
+    reviewer.goto(f"/sessions/{session}/")
+    assert reviewer.locator("#undo-button").count() == 0  # admins only
+    page = new_page()
+    log_in(page, acme.admin.user)
+    page.goto(f"/sessions/{session}/")
+
+    page.click("#undo-button")
+    named = page.inner_text("#confirm-body")
+    page.click("#confirm-ok")
+
+    assert "step 2: undo_send_email" in named and "second@x.io" in named
+    assert "step 1: undo_send_email" in named and named.index("step 2") < named.index("step 1")  # newest first
+    page.wait_for_selector("#session-state.state-compensating, #session-state.state-compensated")
+    assert Session.objects.get(pk=session).state in ("compensating", "compensated")
+
+
+def test_failures_appear_live_and_a_reviewer_retries_one_and_resolves_another(acme, server, new_page, eager):
+    from tests.effects.conftest import build_stack
+
+    page = new_page()
+    log_in(page, acme.reviewer.user)
+    page.goto("/compensation-failures/")
+    stacks = [build_stack(acme, "tests.effects.undo_handlers.gone_for_good", 1, handler="python") for _ in range(2)]
+
+    for stack in stacks:
+        stack.fail()  # the walk runs here (eager) and gives up: a compensation.failed event each
+    page.wait_for_selector("tr.failure-row >> nth=1", timeout=2000)
+
+    retried, resolved = stacks[0].entries[0], stacks[1].entries[0]
+    page.click(f'tr[data-entry="{retried}"] button[data-action=retry]')
+    page.wait_for_selector(f'tr[data-entry="{retried}"]', state="detached")
+    page.click(f'tr[data-entry="{resolved}"] button[data-action=resolve]')
+    page.fill("#confirm-input", "deleted the mail by hand in the admin console")
+    page.click("#confirm-ok")
+    page.wait_for_selector(f'tr[data-entry="{resolved}"]', state="detached")
+
+    assert stacks[0].entry(0).state in ("pending", "running", "compensation_failed")  # a new round, on the worker
+    assert stacks[0].entry(0).round_start == 1
+    entry = stacks[1].entry(0)
+    assert (entry.state, entry.resolution_note) == ("resolved", "deleted the mail by hand in the admin console")
+    assert stacks[1].session.state == "compensated"
+
+
+def test_a_reviewer_resumes_an_agent_and_an_admins_agent_switch_restores_its_cap(acme, server, new_page):
+    register_standard_tools(acme)
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 3}, format="json")
+    acme.reviewer.post("/api/v1/agents/cleanup/suspend", {"note": "looks odd"}, format="json")
+    page = new_page()
+    log_in(page, acme.admin.user)
+    page.goto("/agents/")
+
+    page.click('[data-agent=cleanup] button[data-action=resume]')
+    page.wait_for_selector('[data-agent=cleanup] .state-agent-active')
+    page.click('[data-agent=cleanup] button[data-action=agent-incident-on]')
+    page.click("#confirm-ok")
+    page.wait_for_selector('[data-agent=cleanup] button[data-action=agent-incident-off]')
+    switched_on = acme.viewer.get("/api/v1/agents/cleanup/budget").json()["limits"]["max_irreversible_per_run"]
+    page.click('[data-agent=cleanup] button[data-action=agent-incident-off]')
+    page.wait_for_selector('[data-agent=cleanup] button[data-action=agent-incident-on]')
+
+    acme.agent.refresh_from_db()
+    assert acme.agent.state == "active"
+    assert switched_on == 0
+    assert acme.viewer.get("/api/v1/agents/cleanup/budget").json()["limits"]["max_irreversible_per_run"] == 3
+
+
+def test_an_admin_saves_the_org_settings_and_adds_and_deletes_a_webhook(acme, server, new_page):
+    page = new_page()
+    log_in(page, acme.admin.user)
+    page.goto("/settings/")
+
+    page.fill("input[name=approval_timeout_s]", "600")
+    page.check("input[name=auto_approve_on_timeout]")
+    page.fill("input[name=context_window]", "7")
+    page.click("#settings-form button[type=submit]")
+    page.wait_for_selector(".flash.ok")
+    page.fill("#webhook-form input[name=url]", "http://127.0.0.1:9/hooks/undolog")
+    page.fill("#webhook-form input[name=event_types]", "approval.requested, compensation.failed")
+    page.click("#webhook-form button[type=submit]")
+    page.wait_for_selector("#webhook-secret:not([hidden])")
+    hook = acme.admin.get("/api/v1/webhooks").json()["webhooks"][0]
+    secret_shown = page.inner_text("#webhook-secret")
+    page.click(f'tr[data-webhook="{hook["id"]}"] button[data-action=delete-webhook]')
+    page.click("#confirm-ok")
+    page.wait_for_selector(f'tr[data-webhook="{hook["id"]}"]', state="detached")
+
+    acme.org.refresh_from_db()
+    assert (acme.org.approval_timeout_s, acme.org.auto_approve_on_timeout, acme.org.context_window) == (600, True, 7)
+    assert hook["event_types"] == ["approval.requested", "compensation.failed"]
+    assert hook["secret_hint"][1:] in secret_shown
+    assert acme.admin.get("/api/v1/webhooks").json()["webhooks"] == []

@@ -273,3 +273,82 @@ def test_it_shows_an_agents_limits_counters_and_caps(acme, tools):
     assert "its own policy" in html
     assert 'id="incident-on"' in html and 'data-action="agent-incident-on"' in html
     assert 'id="incident-on"' not in viewer and "<fieldset disabled>" in viewer
+
+
+def test_it_shows_refusals_in_place_in_the_sessions_timeline(acme, tools):
+    held = hold(acme)
+    acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")
+    acme.api.post(f"/api/v1/effects/{held['effect']['id']}/commit", {"result": {"deleted": True}}, format="json")
+    acme.admin.post("/api/v1/org/incident", {"on": True}, format="json")
+    refused = acme.api.post(f"/api/v1/sessions/{held['session']}/intercept",
+                            {"tool": "delete_account", "args": {"account_id": "acct-9"}, "step_index": 3},
+                            format="json")
+    acme.api.post(f"/api/v1/sessions/{held['session']}/intercept",
+                  {"tool": "send_email", "args": {"to": "after@x.io"}, "step_index": 4}, format="json")
+
+    html = page_client(acme).get(f"/sessions/{held['session']}/").content.decode()
+
+    assert refused.status_code == 429
+    steps = [html.index(f'<span class="step">#{n}</span>') for n in (1, 2, 3, 4)]
+    assert steps == sorted(steps)  # the refusal sits at its step, between the calls around it
+    refusal = html[steps[2]:steps[3]]
+    assert 'class="tier refused"' in refusal and "delete_account" in refusal
+    assert "max_irreversible_per_run" in refusal and "acct-9" in refusal
+    assert "incident switch is on" in html.lower()  # the banner, on every page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_shows_each_undo_entrys_attempts_and_the_failures_page_lists_it(acme, eager):
+    from tests.effects.conftest import build_stack
+
+    stack = build_stack(acme, "tests.effects.undo_handlers.gone_for_good", 2, handler="python")
+    stack.fail()  # the walk runs here: the top entry fails for good, the walk stops for a person
+
+    session_html = page_client(acme).get(f"/sessions/{stack.session_id}/").content.decode()
+    failures = page_client(acme).get("/compensation-failures/").content.decode()
+    viewer = page_client(acme, "viewer").get("/compensation-failures/").content.decode()
+
+    top = stack.entry(1)
+    assert top.state == "compensation_failed" and stack.entry(0).state == "pending"
+    assert "attempt 1 · permanent" in session_html and "the mailbox no longer exists" in session_html
+    assert f'data-entry="{top.pk}"' in failures and f'data-entry="{stack.entries[0]}"' not in failures
+    assert 'data-action="retry"' in failures and 'data-action="resolve"' in failures
+    assert f'data-entry="{top.pk}"' in viewer and 'data-action="retry"' not in viewer
+
+
+def test_it_shows_the_same_7_day_numbers_as_the_stats_api(acme, tools):
+    for n in range(3):
+        held = hold(acme, {"account_id": f"acct-{n}"})
+        verb = "approve" if n else "reject"
+        acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/{verb}", {"reason": "checked"}, format="json")
+    hold(acme, {"account_id": "acct-waiting"})
+
+    stats = acme.viewer.get("/api/v1/approvals/stats").json()
+    html = page_client(acme).get("/").content.decode()
+
+    assert stats["decided"] == 3 and stats["pending"] == 1
+    assert f"<strong>{stats['decided']}</strong> decided" in html
+    assert f"<strong>{round(stats['approval_rate'] * 100)} %</strong> approved" in html
+    assert '<span class="badge" id="nav-pending" >1</span>' in html
+    assert html.count('class="bar approved"') == 1 and html.count('class="bar rejected"') == 1  # one day
+
+
+def test_it_shows_webhooks_to_admins_only(acme, tools):
+    acme.admin.post("/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}, format="json")
+
+    admin = page_client(acme, "admin").get("/settings/").content.decode()
+    reviewer = page_client(acme, "reviewer").get("/settings/").content.decode()
+
+    assert "http://127.0.0.1:9/hook" in admin and 'id="webhook-form"' in admin
+    assert "http://127.0.0.1:9/hook" not in reviewer and 'id="webhook-form"' not in reviewer
+    assert "<fieldset disabled>" in reviewer  # the settings form, read only
+
+
+def test_it_offers_to_restore_the_cap_an_agent_had_before_its_switch(acme, tools):
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 4}, format="json")
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 0}, format="json")
+
+    html = page_client(acme, "admin").get("/agents/").content.decode()
+
+    assert 'data-action="agent-incident-off" data-restore="4"' in html
+    assert "irreversible calls stopped" in html

@@ -198,26 +198,19 @@ def test_another_orgs_dashboard_hears_nothing_of_the_run(acme, outsider, tools, 
     assert run(scenario) == []
 
 
-def test_the_undo_walk_announces_its_entries_and_the_sessions_end(acme):
-    from undolog_site.celery import app
-
+def test_the_undo_walk_announces_its_entries_and_the_sessions_end(acme, eager):
     stack = build_stack(acme, "tests.effects.undo_handlers.restore", 2, handler="python")
     cookie = cookie_of(acme.viewer.user)
-    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
-    app.conf.task_always_eager = app.conf.task_eager_propagates = True  # the walk runs in the request
 
     async def scenario():
         socket = await connected(cookie)
         await drain(socket)
-        await sync_to_async(stack.fail)()
+        await sync_to_async(stack.fail)()  # the walk runs in the request (eager)
         received = await drain(socket)
         await socket.disconnect()
         return received
 
-    try:
-        payloads = updates(run(scenario))
-    finally:
-        app.conf.task_always_eager, app.conf.task_eager_propagates = saved
+    payloads = updates(run(scenario))
 
     changes = [(c["what"], c["to"]) for p in payloads for c in p["changes"]]
     assert ("undo_entry", "running") in changes and ("undo_entry", "compensated") in changes
