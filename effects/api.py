@@ -311,9 +311,14 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
         body["effects"] = [effect.as_dict() for effect in effects]
         body["undo_stack"] = [{**entry.as_dict(), "attempt_log": [a.as_dict() for a in entry.attempt_log.all()]}
                               for entry in entries]
+        from budgets.api import budget_body
+
+        full_budget = budget_body(session.agent, session)
         body["budget"] = {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
                           "cost": float(session.cost), "tool_counts": session.tool_counts,
-                          "violation": session.violation}
+                          "violation": session.violation,
+                          **{key: full_budget[key] for key in ("limits", "usage", "remaining", "tool_caps",
+                                                                "mode", "on_exceeded", "incident")}}
     return body
 
 
