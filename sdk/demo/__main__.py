@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.own_server and is_up(url):
         server = attach(url)
     else:
-        print(f"no server at {url}: starting one (SQLite and Redis under {args.var_dir})",
+        why = "as asked" if args.own_server else f"no server at {url}"
+        print(f"{why}: starting one of its own (SQLite and Redis under {args.var_dir})",
               flush=True)
         server = start(args.var_dir)
     demo = Demo(server, args.var_dir, interactive=args.interactive,

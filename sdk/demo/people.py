@@ -73,6 +73,7 @@ class Reviewer(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
-        self.join(10)
+        if self.ident is not None:  # started (the session may have failed to open first)
+            self.join(10)
         if self.error is not None:
             raise self.error

@@ -69,7 +69,7 @@ def attach(url: str) -> Server:
 
 def start(var_dir: Path) -> Server:
     """A fresh server of its own: migrate, provision, then the launcher; wait until it answers."""
-    shutil.rmtree(var_dir, ignore_errors=True)
+    wipe(var_dir)
     var_dir.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     port = free_port()
@@ -88,6 +88,17 @@ def start(var_dir: Path) -> Server:
         server.stop()
         raise
     return server
+
+
+def wipe(var_dir: Path) -> None:
+    """Start from nothing, but never wipe a directory that is not a previous demo's."""
+    if not var_dir.exists():
+        return
+    ours = {"undolog.sqlite3", "server.log", "accounts.json", "redis.sock"}
+    if any(var_dir.iterdir()) and not ours & {p.name for p in var_dir.iterdir()}:
+        raise SystemExit(f"{var_dir} is not empty and holds no earlier demo: "
+                         "pick another --var-dir")
+    shutil.rmtree(var_dir)
 
 
 def wait_until_up(server: Server, timeout: float = 30) -> None:
