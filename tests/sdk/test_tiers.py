@@ -29,12 +29,12 @@ def test_it_runs_a_safe_call_without_a_request_and_reports_it_with_the_next_one(
 
         send_email("ana@example.com")
 
-        assert wire.requests[len(before):] == [
-            ("POST", f"/api/v1/sessions/{s.id}/intercept"), ("POST", f"/api/v1/effects/"
-                                                                     f"{Effect.objects.get().id}/commit")]
-        [safe] = SafeCall.objects.filter(session_id=s.id)
+        effect = Effect.objects.get()
+        assert wire.requests[len(before):] == [("POST", f"/api/v1/sessions/{s.id}/intercept"),
+                                               ("POST", f"/api/v1/effects/{effect.id}/commit")]
+        [safe] = SafeCall.objects.filter(session_id=s.id)  # it came with the intercept
         assert (safe.tool_name, safe.step_index, safe.args) == ("list_inactive_accounts", 0, {})
-        assert Effect.objects.get().step_index == 1
+        assert effect.step_index == 1
     assert took < 0.01
     session = Session.objects.get(pk=s.id)
     assert (session.state, session.tool_calls, float(session.cost)) == ("completed", 2, 1.01)
