@@ -136,7 +136,7 @@ def test_a_wrong_key_raises_authentication_error(server, acme):
     with pytest.raises(AuthenticationError) as refused:
         UndoLogClient(server, "ul_not-a-key").session(agent="cleanup").__enter__()
     assert (refused.value.status, refused.value.code) == (401, "authentication_failed")
-    assert refused.value.message == "The credentials are not valid."
+    assert refused.value.message == "The agent key is not valid or was revoked."
 
 
 def test_a_bad_registration_raises_invalid_request_with_its_fields(acme, server, client):
