@@ -27,11 +27,11 @@ from rest_framework.viewsets import ViewSet
 from approvals import events
 from approvals.models import EVENT_KINDS, TIMEOUT_LABEL, ApprovalRequest, OrgWebhook
 from approvals.webhooks import check_target
-from effects.api import StrictSerializer
 from effects.models import EffectTransition
 from orgs.auth import AgentPrincipal, caller_of, role_required
 from orgs.models import validate_time_zone
 from undolog_site.errors import Invalid, NotFound
+from undolog_site.validation import StrictSerializer, validated
 
 UUID_PATTERN = "[0-9a-fA-F-]{36}"
 STATS_DAYS = 7
@@ -52,16 +52,6 @@ class IsMember(permissions.BasePermission):
 
 IsReviewer = role_required("reviewer")
 IsAdmin = role_required("admin")
-
-
-def validated(serializer_class: type[serializers.Serializer], data: Any, *, partial: bool = False) -> dict:
-    if data is None or data == "":
-        data = {}
-    if not isinstance(data, dict):
-        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
-    serializer = serializer_class(data=data, partial=partial)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def flag(request: Request, name: str) -> bool:

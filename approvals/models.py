@@ -204,6 +204,16 @@ class ApprovalRequest(models.Model):
             Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
                          **self.event_data())
 
+    def withdraw(self, actor: str) -> None:
+        """The run was failed while this waited: the call will never run, so the request leaves
+        the queue (as expired, decided by whoever failed the run) instead of lingering there."""
+        with transaction.atomic():
+            self._decide(self.State.EXPIRED, None, actor, "Withdrawn: the session failed before a decision.")
+            effect, session = self._effect_and_session()
+            effect.expire(actor=actor)
+            Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
+                         withdrawn=True, **self.event_data())
+
     def extend(self, minutes: int, by=None) -> None:
         """Push a deadline that has not passed yet `minutes` further."""
         if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MAX_EXTEND_MINUTES:

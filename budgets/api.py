@@ -42,6 +42,7 @@ from effects.models import Session, Tier, Tool
 from orgs.auth import AgentPrincipal, caller_of, role_required
 from orgs.models import Agent, Event, Organization
 from undolog_site.errors import Conflict, Forbidden, Invalid, NotFound
+from undolog_site.validation import StrictSerializer, validated
 
 MAX_COUNT = 2**31 - 1
 MAX_COST = Decimal("9999999999.9999")
@@ -141,17 +142,6 @@ def agent_dict(agent: Agent, today: DayCounter | None, source: str) -> dict[str,
 # ---------------------------------------------------------------- validation
 
 
-class StrictSerializer(serializers.Serializer):
-    """Unknown fields are an error: a typo must not leave a limit unset."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = set(data) - set(self.fields)
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
-        return super().to_internal_value(data)
-
-
 class Count(serializers.IntegerField):
     """A JSON integer: no strings, no booleans, no floats."""
 
@@ -216,14 +206,6 @@ class PolicySerializer(StrictSerializer):
         return url
 
 
-def _validated(serializer_class: type[serializers.Serializer], data: Any, **context: Any) -> dict:
-    if not isinstance(data, dict):
-        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
-    serializer = serializer_class(data=data, context=context)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
-
-
 def _apply(policy: BudgetPolicy, changes: dict[str, Any], actor: str) -> None:
     """Save the changed settings and their history row; escalate needs somewhere to escalate to."""
     if not changes:
@@ -285,7 +267,7 @@ class AgentBudgetView(APIView):
         org = caller_of(request).org
         with transaction.atomic():
             agent = _agent(request, name, lock=True)
-            changes = _validated(PolicySerializer, request.data, org=org)
+            changes = validated(PolicySerializer, request.data, org=org)
             policy = BudgetPolicy.objects.filter(agent=agent).first()
             if policy is None:
                 default = BudgetPolicy.objects.org_default(org).first()
@@ -338,7 +320,7 @@ class ResumeView(APIView):
     @extend_schema(request=NoteSerializer, responses={200: dict})
     def post(self, request: Request, name: str) -> Response:
         """Back to active. Its next run starts with fresh run counters; today's counters stay."""
-        data = _validated(NoteSerializer, request.data or {})
+        data = validated(NoteSerializer, request.data or {})
         caller = caller_of(request)
         with transaction.atomic():
             agent = _agent(request, name, lock=True)
@@ -359,7 +341,7 @@ class SuspendView(APIView):
     @extend_schema(request=NoteSerializer, responses={200: dict})
     def post(self, request: Request, name: str) -> Response:
         """Suspend by hand: new sessions and calls answer 423 until someone resumes it."""
-        data = _validated(NoteSerializer, request.data or {})
+        data = validated(NoteSerializer, request.data or {})
         caller = caller_of(request)
         with transaction.atomic():
             agent = _agent(request, name, lock=True)
@@ -391,7 +373,7 @@ class OrgBudgetView(APIView):
         """The default for agents without their own policy, from their next call on."""
         with transaction.atomic():
             org = _lock_org(request)
-            changes = _validated(PolicySerializer, request.data, org=org)
+            changes = validated(PolicySerializer, request.data, org=org)
             _apply(_org_default(org), changes, caller_of(request).label)
         return Response(_org_body(org))
 
@@ -436,7 +418,7 @@ class IncidentView(APIView):
     def post(self, request: Request) -> Response:
         """On: every agent of the org, new ones included, is refused every irreversible call from its
         next call on, whatever its own limits; off: their own limits apply again, untouched."""
-        on = _validated(IncidentSerializer, request.data)["on"]
+        on = validated(IncidentSerializer, request.data)["on"]
         actor = caller_of(request).label
         with transaction.atomic():
             org = _lock_org(request)

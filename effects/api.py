@@ -28,26 +28,7 @@ from effects.models import (
 from orgs.auth import IsAgent, IsAgentOrMember, caller_of, role_required
 from orgs.models import Agent
 from undolog_site.errors import DomainError, Invalid, NotFound
-
-
-class StrictSerializer(serializers.Serializer):
-    """Unknown fields are an error, not silently dropped: a typo must not disable a setting."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = set(data) - set(self.fields)
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in sorted(unknown)})
-        return super().to_internal_value(data)
-
-
-class StringField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of quietly turning them into text."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+from undolog_site.validation import StrictSerializer, StringField, validated
 
 
 def semver(value: str) -> str:
@@ -105,7 +86,7 @@ class CompensationsView(APIView):
 
     @extend_schema(request=CompensationSerializer, responses={201: dict, 200: dict})
     def post(self, request: Request) -> Response:
-        data = _validated(CompensationSerializer, request.data)
+        data = validated(CompensationSerializer, request.data)
         fn, created = CompensationFunction.objects.update_or_create(
             org=caller_of(request).org, fn_name=data["fn_name"], fn_version=data["fn_version"],
             defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "description")},
@@ -245,7 +226,7 @@ class ToolsView(APIView):
     def post(self, request: Request) -> Response:
         """Register or update a list of tools: all of them, or none."""
         org = caller_of(request).org
-        specs = _validated(ToolListSerializer, request.data)["tools"]
+        specs = validated(ToolListSerializer, request.data)["tools"]
         fns = self._compensation_functions(org, specs)
         with transaction.atomic():
             saved = []
@@ -271,14 +252,6 @@ class ToolsView(APIView):
         if errors:
             raise Invalid(errors, next(iter(errors.values())))
         return fns
-
-
-def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict:
-    if not isinstance(data, dict):
-        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 # ---------------------------------------------------------------- sessions
@@ -311,9 +284,14 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
         body["effects"] = [effect.as_dict() for effect in effects]
         body["undo_stack"] = [{**entry.as_dict(), "attempt_log": [a.as_dict() for a in entry.attempt_log.all()]}
                               for entry in entries]
+        from budgets.api import budget_body
+
+        full_budget = budget_body(session.agent, session)
         body["budget"] = {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
                           "cost": float(session.cost), "tool_counts": session.tool_counts,
-                          "violation": session.violation}
+                          "violation": session.violation,
+                          **{key: full_budget[key] for key in ("limits", "usage", "remaining", "tool_caps",
+                                                                "mode", "on_exceeded", "incident")}}
     return body
 
 
@@ -345,7 +323,7 @@ class SessionViewSet(ViewSet):
 
     @extend_schema(request=SessionCreateSerializer, responses={201: dict})
     def create(self, request: Request) -> Response:
-        data = _validated(SessionCreateSerializer, request.data)
+        data = validated(SessionCreateSerializer, request.data)
         agent: Agent = request.user.agent
         if data["agent"] != agent.name:
             raise NotFound(f"No agent named {data['agent']!r} for this key (the key belongs to {agent.name!r}).",
@@ -384,7 +362,7 @@ class SessionViewSet(ViewSet):
     @extend_schema(request=CompleteSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk: str) -> Response:
-        data = _validated(CompleteSerializer, request.data or {})
+        data = validated(CompleteSerializer, request.data or {})
         session = self._get(request, pk)
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
@@ -394,7 +372,7 @@ class SessionViewSet(ViewSet):
     @extend_schema(request=FailSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def fail(self, request: Request, pk: str) -> Response:
-        data = _validated(FailSerializer, request.data or {})
+        data = validated(FailSerializer, request.data or {})
         session = self._get(request, pk)
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
@@ -477,7 +455,7 @@ class EffectViewSet(ViewSet):
     @extend_schema(request=CommitSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def commit(self, request: Request, pk: str) -> Response:
-        data = _validated(CommitSerializer, request.data if request.data != {} else {})
+        data = validated(CommitSerializer, request.data if request.data != {} else {})
         effect = self._get(request, pk)
         effect.commit(data["result"], actor=caller_of(request).label)
         return Response({"effect": effect.as_dict()})
@@ -485,7 +463,7 @@ class EffectViewSet(ViewSet):
     @extend_schema(request=EffectFailSerializer, responses={200: dict})
     @action(detail=True, methods=["post"])
     def fail(self, request: Request, pk: str) -> Response:
-        data = _validated(EffectFailSerializer, request.data)
+        data = validated(EffectFailSerializer, request.data)
         effect = self._get(request, pk)
         effect.fail(data["error"], actor=caller_of(request).label)
         return Response({"effect": effect.as_dict()})
@@ -589,7 +567,7 @@ class UndoEntryViewSet(ViewSet):
     @action(detail=True, methods=["post"])
     def resolve(self, request: Request, pk: str) -> Response:
         """A person undid the effect by hand; the walk resumes below the entry."""
-        data = _validated(ResolveSerializer, request.data)
+        data = validated(ResolveSerializer, request.data)
         entry = self._get(pk)
         entry.resolve(actor=caller_of(request).label, note=data["note"])
         return self._answer(entry)

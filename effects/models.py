@@ -279,8 +279,12 @@ class Session(models.Model):
     def fail(self, error: str, actor: str) -> None:
         """Roll the run back: `failed` (its budget verdict applies), then `compensating`, and the
         undo walk after commit."""
+        from approvals.models import ApprovalRequest
+
         with transaction.atomic():
             self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
+            for approval in ApprovalRequest.objects.filter(session=self).pending():
+                approval.withdraw(actor)
             self.run_ended(actor)
             self.move({self.State.FAILED}, self.State.COMPENSATING, actor=actor, reason="rolling back")
             self.begin_walk(actor)

@@ -107,6 +107,8 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         )
         if isinstance(exc, exceptions.ParseError) and "JSON" not in str(exc.detail):
             message = str(exc.detail)
+        elif str(exc.detail) != str(exc.default_detail):
+            message = str(exc.detail)  # our own sentence (e.g. why a key was refused) beats the generic one
         headers = {}
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header

@@ -118,11 +118,20 @@ class FakeServer:
                     session["state"] = "running" if state == "approved" else "halted"
         return 200, {"effect": effect}
 
+    def start_effect(self, body: Any, request: httpx.Request, eid: str) -> tuple[int, Any]:
+        effect = self.effects[eid]
+        if effect["state"] != "approved":
+            return 409, {"error": "effect_state_conflict", "state": effect["state"],
+                         "message": f"The effect is {effect['state']}; it cannot become executing."}
+        effect["state"] = "executing"
+        return 200, {"effect": effect}
+
     def settle_effect(self, body: Any, request: httpx.Request, eid: str,
                       verb: str) -> tuple[int, Any]:
         effect = self.effects[eid]
         if effect["state"] not in ("executing", "approved"):
-            return 409, {"error": "invalid_state", "message": effect["state"]}
+            return 409, {"error": "effect_state_conflict", "message": effect["state"],
+                         "state": effect["state"]}
         if verb == "commit":
             effect.update(state="committed", result=body["result"])
         else:
@@ -139,5 +148,6 @@ ROUTES = [
     ("POST", rf"/api/v1/sessions/{UUID}/(complete|fail)", FakeServer.close_session),
     ("POST", rf"/api/v1/sessions/{UUID}/intercept", FakeServer.intercept),
     ("GET", rf"/api/v1/effects/{UUID}", FakeServer.get_effect),
+    ("POST", rf"/api/v1/effects/{UUID}/start", FakeServer.start_effect),
     ("POST", rf"/api/v1/effects/{UUID}/(commit|fail)", FakeServer.settle_effect),
 ]

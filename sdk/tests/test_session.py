@@ -179,6 +179,61 @@ def test_an_approved_irreversible_call_waits_runs_and_commits(client: UndoLogCli
     polls = [(m, p) for m, p, _ in server.requests if m == "GET" and "/effects/" in p]
     assert len(polls) == 1
     assert server.bodies("/commit") == [{"result": {"value": "deleted acct-101"}}]
+    # Claimed (approved → executing) before it ran, so no second caller can run it too.
+    verbs = [p.rsplit("/", 1)[-1] for m, p, _ in server.requests
+             if m == "POST" and "/effects/" in p]
+    assert verbs == ["start", "commit"]
+
+
+def test_a_call_another_caller_started_first_returns_its_outcome_without_running(
+        server: FakeServer) -> None:
+    server.decisions["delete_account"] = ("approved", {})
+    looks = {"after_lost_start": 0}
+
+    def other_caller(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        effect = next(iter(server.effects.values()), None)
+        if request.method == "POST" and path.endswith("/start"):
+            effect["state"] = "executing"  # the other caller's /start landed first
+        elif request.method == "GET" and "/effects/" in path and effect["state"] == "executing":
+            looks["after_lost_start"] += 1
+            if looks["after_lost_start"] == 2:  # it commits while we wait
+                effect.update(state="committed", result={"value": "deleted by the other"})
+        return server(request)
+
+    transport = httpx.MockTransport(other_caller)
+    client = UndoLogClient("http://undolog.test", "test-key", transport=transport,
+                           async_transport=transport, poll_wait=1)
+    client.register(delete_account)
+
+    async def run() -> str:
+        async with client.session(agent="cleanup"):
+            return await delete_account("acct-101")
+
+    assert asyncio.run(run()) == "deleted by the other"
+    assert ran == [] and server.bodies("/commit") == []
+
+
+def test_a_call_started_by_another_caller_while_waiting_returns_its_outcome(
+        server: FakeServer) -> None:
+    server.decisions["delete_account"] = ("executing", {})  # someone else claimed it
+    polls = {"n": 0}
+
+    def other_caller(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and "/effects/" in request.url.path:
+            polls["n"] += 1
+            effect = next(iter(server.effects.values()))
+            if polls["n"] == 2:
+                effect.update(state="committed", result={"value": "deleted by the other"})
+        return server(request)
+
+    transport = httpx.MockTransport(other_caller)
+    client = UndoLogClient("http://undolog.test", "test-key", transport=transport,
+                           async_transport=transport, poll_wait=1)
+    client.register(delete_account)
+    with client.session(agent="cleanup"):
+        assert asyncio.run(delete_account("acct-101")) == "deleted by the other"
+    assert ran == [] and server.bodies("/start") == [] and server.bodies("/commit") == []
 
 
 def test_the_long_poll_asks_the_server_to_wait(server: FakeServer) -> None:

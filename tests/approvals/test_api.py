@@ -261,20 +261,19 @@ def test_malformed_json_is_400(acme):
     assert acme.reviewer.post(url(body["approval"]["id"], "reject"), [1], format="json").status_code == 400
 
 
-def test_a_run_that_ended_while_waiting_cannot_be_approved_but_can_be_rejected(acme):
+def test_a_run_failed_while_waiting_withdraws_its_request(acme):
     body = hold(acme)
     assert acme.api.post(f"/api/v1/sessions/{body['session']}/fail", {"error": "gave up"},
                          format="json").status_code == 200
-    state = Session.objects.get(pk=body["session"]).state
 
-    approve = acme.reviewer.post(url(body["approval"]["id"], "approve"), {}, format="json")
-
-    assert approve.status_code == 409
-    assert approve.json()["error"] == "session_not_awaiting_approval"
-    assert Effect.objects.get(pk=body["effect"]["id"]).state == "pending"
-    reject = acme.reviewer.post(url(body["approval"]["id"], "reject"), {"reason": "run is over"}, format="json")
-    assert reject.status_code == 200
-    assert Session.objects.get(pk=body["session"]).state == state
+    approval = ApprovalRequest.objects.get(pk=body["approval"]["id"])
+    assert (approval.state, approval.decided_by_label) == ("expired", "agent:cleanup")
+    assert Effect.objects.get(pk=body["effect"]["id"]).state == "expired"
+    assert not acme.reviewer.get("/api/v1/approvals?state=pending").json()["approvals"]
+    for verb, data in [("approve", {}), ("reject", {"reason": "run is over"})]:
+        late = acme.reviewer.post(url(body["approval"]["id"], verb), data, format="json")
+        assert (late.status_code, late.json()["error"]) == (409, "already_decided"), verb
+    assert Event.objects.filter(kind="approval.expired", data__withdrawn=True).count() == 1
 
 
 def test_after_the_deadline_only_the_deadline_approves_but_a_reviewer_may_still_reject(acme):
@@ -321,3 +320,4 @@ def test_the_queue_takes_the_same_queries_for_one_request_or_twenty(acme, django
     with django_assert_max_num_queries(queries_for_one):
         response = acme.reviewer.get("/api/v1/approvals?state=pending")
     assert len(response.json()["approvals"]) == 20
+

@@ -56,13 +56,15 @@ def test_expire_leaves_a_request_whose_deadline_was_extended(acme):
     assert ApprovalRequest.objects.get(pk=stale.pk).state == "pending"
 
 
-def test_a_run_that_ended_while_waiting_is_expired_not_auto_approved(acme):
+def test_a_run_that_ended_while_waiting_is_withdrawn_not_auto_approved(acme):
     body = hold(acme)
     Session.objects.get(pk=body["session"]).fail("gave up", actor="agent:cleanup")
     failed_state = Session.objects.get(pk=body["session"]).state
 
-    due(body, auto=True).expire()
+    with pytest.raises(Conflict) as raised:
+        due(body, auto=True).expire()  # the deadline sweep comes later: nothing left to decide
 
+    assert raised.value.code == "already_decided"
     assert ApprovalRequest.objects.get(pk=body["approval"]["id"]).state == "expired"
     assert Effect.objects.get(pk=body["effect"]["id"]).state == "expired"
     assert Session.objects.get(pk=body["session"]).state == failed_state

@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 
+from approvals.models import ApprovalRequest
 from effects.models import CompensationFunction, Effect, Session
+from orgs.models import Membership
 from tests.conftest import Persona, intercept, open_session, register_standard_tools
 
 DROP_TABLE = {"name": "drop_table", "tier": "compensable", "irreversible": True, "cost_weight": 1,
@@ -78,17 +81,22 @@ class Run:
         return response.json()
 
 
+def _reviewer(effect: Effect, username: str):
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    Membership.objects.get_or_create(user=user, org_id=effect.org_id, defaults={"role": "reviewer"})
+    return user
+
+
 def approve(effect_id: str, reviewer: str = "alice") -> None:
-    """What a reviewer's approval does to the effect and the session (approvals' API is another branch's)."""
+    """A reviewer approves the call, through the approval request's verb."""
     effect = Effect.objects.get(pk=effect_id)
-    effect.approve(actor=reviewer)
-    effect.session.resume_running(actor=reviewer)
+    ApprovalRequest.objects.get(effect=effect).approve(by=_reviewer(effect, reviewer))
 
 
 def reject(effect_id: str, reason: str, reviewer: str = "alice") -> None:
+    """A reviewer rejects the call: effect rejected, session halted, a refusal recorded."""
     effect = Effect.objects.get(pk=effect_id)
-    effect.reject(actor=reviewer, reason=reason)
-    effect.session.halt(actor=reviewer, reason=reason)
+    ApprovalRequest.objects.get(effect=effect).reject(_reviewer(effect, reviewer), reason)
 
 
 def limited(remaining: dict) -> dict:

@@ -108,8 +108,8 @@ def test_on_exceeded_applies_once_per_run(acme, budget_tools):
     assert acme.agent.state == "suspended"
     assert acme.reviewer.post("/api/v1/agents/cleanup/resume").status_code == 200
 
-    assert acme.reviewer.post(f"/api/v1/sessions/{run.id}/fail", {"error": "rolled back"},
-                              format="json").status_code == 200
+    failed = acme.reviewer.post(f"/api/v1/sessions/{run.id}/fail", {"error": "rolled back"}, format="json")
+    assert failed.status_code == 200, failed.json()
 
     acme.agent.refresh_from_db()
     assert acme.agent.state == "active"

@@ -78,3 +78,15 @@ def test_a_person_cannot_intercept(acme, session_id):
                                {"tool": "send_email", "args": {}, "step_index": 1}, format="json")
 
     assert response.status_code == 403
+
+
+def test_a_sessions_budget_shows_limits_usage_and_what_remains(acme, session_id):
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 2}, format="json")
+    acme.api.post(f"/api/v1/sessions/{session_id}/intercept",
+                  {"tool": "delete_account", "args": {"account_id": "a1"}, "step_index": 1}, format="json")
+
+    budget = acme.api.get(f"/api/v1/sessions/{session_id}").json()["budget"]
+
+    assert budget["irreversible_calls"] == 1
+    assert budget["limits"]["max_irreversible_per_run"] == 2
+    assert budget["remaining"]["irreversible_run"] == 1

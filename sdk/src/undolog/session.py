@@ -256,7 +256,9 @@ class Session:
         1. Intercept, reporting the SAFE calls queued since the last request.
         2. ``execute``: run the tool, commit its result (or report the failure, re-raise).
         3. ``replay``/``await_approval``: settle the effect (below); a committed effect
-           returns its stored result without running, an approved one runs and commits.
+           returns its stored result without running.
+        4. An approved one is claimed (``/start``: approved → executing), then runs and
+           commits; if another caller claimed it first, its outcome is returned instead.
         """
         answer = yield from self._intercept(tool, args)
         effect = answer.get("effect") or {}
@@ -266,6 +268,11 @@ class Session:
         if decision == "execute":
             return (yield from self._run(effect))
         effect = yield from self._settle(tool, answer, effect)
+        if effect.get("state") == "approved" and not (yield from self._claim(effect)):
+            # Another caller started it first: its outcome is this call's outcome.
+            answer = yield Call("GET", f"/api/v1/effects/{effect.get('id')}")
+            effect = yield from self._settle(tool, answer, answer.get("effect") or {},
+                                             elsewhere=True)
         if effect.get("state") == "committed":
             return unwrap_result(effect.get("result"))
         return (yield from self._run(effect))
@@ -290,18 +297,24 @@ class Session:
             raise
 
     def _settle(self, tool: DeclaredTool, answer: Mapping[str, Any],
-                effect: Mapping[str, Any]) -> Flow:
-        """Wait until the effect is committed, or approved for this caller to run."""
+                effect: Mapping[str, Any], *, elsewhere: bool = False) -> Flow:
+        """Wait until the effect is committed, or approved for this caller to run.
+
+        ``elsewhere``: someone else (another caller, the worker) runs it; wait for that.
+        """
         started = time.monotonic()
         timeout_at = (answer.get("approval") or {}).get("timeout_at")
         while True:
             state = effect.get("state")
-            server_runs = _server_runs(tool, effect)
+            server_runs = elsewhere or _server_runs(tool, effect)
             if state == "committed" or (state == "approved" and not server_runs):
                 return effect
             if state == "pending" or (server_runs and state in ("approved", "executing")):
                 answer = yield from self._poll(tool, effect, started, timeout_at)
                 effect = answer.get("effect") or {}
+                # It was pending or approved a moment ago: executing now means someone
+                # else (another caller, the worker) started it. Wait for their outcome.
+                elsewhere = elsewhere or effect.get("state") == "executing"
                 continue
             raise self._unrunnable(tool, answer, effect)
 
@@ -313,8 +326,9 @@ class Session:
         if self.approval_timeout is not None:
             remaining = self.approval_timeout - waited
             if remaining <= 0:
+                what = "no decision" if effect.get("state") == "pending" else "no outcome"
                 raise ApprovalWaitTimeout(
-                    f"{tool.name}: no decision after {self.approval_timeout:g}s; effect "
+                    f"{tool.name}: {what} after {self.approval_timeout:g}s; effect "
                     f"{effect.get('id')} is still {effect.get('state')} on the server",
                     effect_id=effect.get("id"))
             wait = min(wait, remaining)
@@ -331,6 +345,10 @@ class Session:
     def _notify(self, info: WaitInfo) -> None:
         if self.on_wait is not None:
             self.on_wait(info)
+            return
+        if info.state != "pending":
+            log.info("%s waits for the call to finish elsewhere (effect %s, %s, %.0fs so far)",
+                     info.tool, info.effect_id, info.state, info.waited_s)
             return
         deadline = f", deadline {info.timeout_at}" if info.timeout_at else ""
         log.info("%s waits for a reviewer (effect %s, %s, %.0fs so far%s)",
@@ -352,12 +370,29 @@ class Session:
             return EffectInFlight(f"{tool.name}: this call (effect {effect.get('id')}) is "
                                   "being executed elsewhere; not running it twice", body=body)
         if state == "failed":
-            return EffectFailed(f"{tool.name}: this call failed before and is not retried: "
-                                f"{effect.get('error')}", body=body)
+            return EffectFailed(f"{tool.name}: this call (effect {effect.get('id')}) failed and "
+                                f"is never run again: {effect.get('error')}", body=body)
         if state in _UNDONE:
             return EffectUndone(f"{tool.name}: this call was already undone ({state})", body=body)
         return UndoLogError(f"{tool.name}: unexpected effect state {state!r}",
                             code="unexpected_state", body=body)
+
+    def _claim(self, effect: Mapping[str, Any]) -> Flow:
+        """``POST /effects/{id}/start``: approved → executing, before the tool runs.
+
+        Two callers may wait on one approval (a resumed run while the crashed one's
+        process still lives, two workers replaying one session): the server lets only
+        the first start it; the other gets 409 ``effect_state_conflict`` and returns False.
+        """
+        try:
+            yield Call("POST", f"/api/v1/effects/{effect.get('id')}/start")
+        except UndoLogError as err:
+            if err.code != "effect_state_conflict":
+                raise
+            log.info("effect %s was started by another caller; waiting for its outcome",
+                     effect.get("id"))
+            return False
+        return True
 
     def _run(self, effect: Mapping[str, Any]) -> Flow:
         effect_id = effect.get("id")

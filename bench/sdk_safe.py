@@ -1,6 +1,6 @@
-"""Overhead of a SAFE call inside a session, over the bare function.
+"""Benchmark: the SDK's overhead on a SAFE call inside a session, over the bare function.
 
-    python sdk/bench_safe.py [--calls N]
+    python -m bench.sdk_safe [--calls N]
 
 A SAFE call never touches the network: the SDK binds its args, numbers the step and
 queues the report. That must cost under 20 µs per call (issue 7). The session here
@@ -20,7 +20,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent / "src"))
+try:
+    import undolog  # noqa: F401  (installed: `pip install -e ./sdk`, as requirements.txt does)
+except ImportError:  # a checkout without it: use the source
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk" / "src"))
 
 from undolog import ToolTier, UndoLogClient, undolog_tool
 
@@ -73,10 +76,10 @@ async def aper_call_us(fn: Callable[..., Any], calls: int) -> float:
     return best / calls * 1e6
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sdk_safe")
     parser.add_argument("--calls", type=int, default=20_000)
-    calls = parser.parse_args().calls
+    calls = parser.parse_args(sys.argv[1:] if argv is None else argv).calls
     session = offline_client().session(agent="bench")
     session.__enter__()
     bare, wrapped = per_call_us(search, calls), per_call_us(safe_search, calls)

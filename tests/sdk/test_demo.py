@@ -1,0 +1,87 @@
+"""`make demo` works start to finish, unattended: it starts its own server (SQLite and the
+embedded Redis under var/, uvicorn, a worker with beat), plays the three parts of the
+account cleanup, and stops everything it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+
+from tests.processes import BASE_DIR
+from undolog_site import embedded_redis
+
+GUIDE_REFUSAL = ("tool call: delete_account {'account_id': 'acct-103'} -> Budget limit max_irreversible_per_run "
+                 "reached (limit 2); tool call 'delete_account' was not executed. Stop calling tools and give "
+                 "your final answer.  [refused: BudgetExceededError]")
+
+IN_ORDER = [
+    # 1. the cap
+    "ops: deleted acct-101",
+    "ops: deleted acct-102",
+    "permission_denied: kind=budget tool=delete_account decided_by=budget "
+    "reason='budget limit max_irreversible_per_run reached (3 > 2)'",
+    "budget.exceeded: max_irreversible_per_run (limit=2, current=3) -> action=pause",
+    GUIDE_REFUSAL,
+    "session: completed | agent: suspended (budget)",
+    "accounts left: ['acct-103', 'acct-200', 'acct-201']",
+    "POST /api/v1/agents/cleanup/resume -> agent active",
+    # 2. approvals
+    "reviewer asked: delete_account({'account_id': 'acct-101'}) -> approve",
+    "ops: deleted acct-101",
+    "reviewer asked: delete_account({'account_id': 'acct-102'}) -> deny",
+    "permission_denied: kind=approval tool=delete_account decided_by=alice reason='acct-102 has an open invoice'",
+    "tool call: delete_account {'account_id': 'acct-102'} -> DENIED: acct-102 has an open invoice",
+    "session: halted | agent: active",
+    "accounts left: ['acct-102', 'acct-103', 'acct-200', 'acct-201']",
+    "budget: 2 of 2 irreversible calls used this run (the denied deletion counts)",
+    # 3. undo
+    "ops: notice to ben@example.com about acct-102 sent",
+    "ops: notice to cho@example.com about acct-103 sent",
+    "the run failed: ExportServiceDown: export service unavailable (HTTP 503)",
+    "undo: recall_notice(account_id='acct-103') -> withdrew the notice to cho@example.com [signature ok",
+    "undo: recall_notice(account_id='acct-102') -> withdrew the notice to ben@example.com [signature ok",
+    "wait_compensated() -> compensated",
+    "outbox: empty (2 notices sent, 2 recalled)",
+    # what is left
+    "accounts left: ['acct-102', 'acct-103', 'acct-200', 'acct-201']",
+    "agent cleanup: active",
+    "stopped the demo's server",
+]
+
+
+def test_it_runs_the_whole_demo_unattended_in_well_under_a_minute():
+    var_dir = Path(settings.VAR_DIR) / f"test-demo-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "sdk.demo", "--own-server", "--var-dir", str(var_dir)],
+                          cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert took < 45, took
+    lines = done.stdout.splitlines()
+    at = 0
+    for expected in IN_ORDER:  # each key line, in this order
+        found = next((n for n in range(at, len(lines)) if expected in lines[n]), None)
+        assert found is not None, f"missing after line {at}: {expected!r}\n{done.stdout}"
+        at = found + 1
+    assert done.stdout.count("ops: deleted") == 3  # two in part 1, one in part 2
+    assert done.stdout.count("reviewer asked:") == 2  # the cap kept the third from the reviewer
+
+    # Everything it started is gone: the server's port is closed, the Redis socket silent.
+    url = re.search(r"on its own server at (http://\S+)", done.stdout).group(1)
+    try:
+        httpx.get(f"{url}/healthz", timeout=1)
+        raise AssertionError("the demo's server still answers")
+    except httpx.ConnectError:
+        pass
+    assert not embedded_redis.answers(var_dir / "redis.sock")
+    shutil.rmtree(var_dir, ignore_errors=True)
