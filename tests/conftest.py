@@ -3,7 +3,10 @@ and an outsider org whose people and agent must see nothing of the first."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -110,3 +113,26 @@ def intercept(persona: Persona, session: str, tool: str, args: dict, step: int, 
 def _fast_passwords(settings) -> None:
     # PBKDF2's deliberate slowness would dominate every test that creates a person.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def eventually(check: Callable[[], Any], timeout: float = 15, every: float = 0.05) -> Any:
+    """Poll until `check()` is truthy and return its value: for what another process does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, f"not true after {timeout} s"
+            return value
+        time.sleep(every)
+
+
+@pytest.fixture
+def eager():
+    """Celery tasks run in the test's own process, after the commit that enqueues them (unit tests
+    only; end-to-end tests start a real worker)."""
+    from undolog_site.celery import app
+
+    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = saved

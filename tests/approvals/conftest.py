@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,16 +48,6 @@ def receiver():
     yield receiver
     receiver.close()
 
-
-def eventually(check: Callable[[], object], timeout: float = 10, every: float = 0.05):
-    """Poll until `check()` is truthy; its value. For what a separate process does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            assert value, f"not true after {timeout} s"
-            return value
-        time.sleep(every)
 
 
 def register(persona: Persona, *tools: dict) -> None:

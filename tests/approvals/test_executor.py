@@ -8,9 +8,9 @@ import pytest
 from approvals import webhooks
 from approvals.models import DeliveryAttempt, WebhookDelivery
 from effects.models import Effect, EffectTransition, Session
-from tests.approvals.conftest import eventually, hold, irreversible, register
+from tests.approvals.conftest import hold, irreversible, register
 from tests.approvals.receiver import Receiver
-from tests.conftest import intercept, make_persona, open_session
+from tests.conftest import eventually, intercept, make_persona, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest
 from effects.models import Effect, Session
 from orgs.models import Event
-from tests.approvals.conftest import eventually, irreversible, register
-from tests.conftest import Persona, make_persona, register_standard_tools
+from tests.approvals.conftest import irreversible, register
+from tests.conftest import Persona, eventually, make_persona, register_standard_tools
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

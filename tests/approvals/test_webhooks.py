@@ -13,9 +13,9 @@ from django.utils import timezone
 from approvals import webhooks
 from approvals.models import DeliveryAttempt, WebhookDelivery
 from orgs.models import Event
-from tests.approvals.conftest import MAIL_DIR, eventually, hold
+from tests.approvals.conftest import MAIL_DIR, hold
 from tests.approvals.receiver import Receiver
-from tests.conftest import Persona, make_persona
+from tests.conftest import Persona, eventually, make_persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -48,16 +48,6 @@ def hold(persona: Persona, args: dict | None = None, step: int = 2, reasoning: s
     return {**response.json(), "session": session}
 
 
-@pytest.fixture
-def eager():
-    """Celery tasks (the undo walk) run in the test's own process, after the commit that enqueues them."""
-    from undolog_site.celery import app
-
-    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
-    app.conf.task_always_eager = app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager, app.conf.task_eager_propagates = saved
-
 
 @pytest.fixture(scope="session")
 def server(django_db_setup) -> Iterator[str]:

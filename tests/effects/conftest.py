@@ -19,16 +19,6 @@ def receiver(acme) -> Receiver:
         yield r
 
 
-@pytest.fixture
-def eager():
-    """Tasks run in the calling process (unit tests only; end-to-end tests start a real worker)."""
-    from undolog_site.celery import app
-
-    saved = app.conf.task_always_eager, app.conf.task_eager_propagates
-    app.conf.task_always_eager = app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager, app.conf.task_eager_propagates = saved
-
 
 @dataclass
 class Stack:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -171,13 +170,3 @@ def reviewer(persona: Persona, base: str, *decisions: tuple[str, str], delay: fl
     thread = ReviewerThread(Person(base, token_of(persona.reviewer)), *decisions, delay=delay)
     thread.start()
     return thread
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            assert value, f"not true after {timeout} s"
-            return value
-        time.sleep(every)
