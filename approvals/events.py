@@ -197,7 +197,10 @@ class SessionUpdates:
     def __init__(self) -> None:
         self._reset()
         os.register_at_fork(after_in_child=self._reset)  # a forked worker starts its own thread
-        atexit.register(self.flush)  # a short-lived process (a command, a task run) sends what it has
+        # A short-lived process (a command, a task run) sends what it has when its main thread
+        # ends. threading's hook runs before concurrent.futures refuses new work at interpreter
+        # shutdown (which plain atexit runs after, so its flush could only fail).
+        getattr(threading, "_register_atexit", atexit.register)(self.flush)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
