@@ -131,6 +131,17 @@ class ApprovalRequest(models.Model):
             fields.update(decision=self.decision, reason=self.decision_reason or None)
         return fields
 
+    @classmethod
+    def for_caller(cls, effect: Effect) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """What a waiting caller reads about an irreversible effect's request: the request
+        (with its decision once made) and the fields added to the effect body. None if none."""
+        approval = cls.objects.select_related("effect__tool").filter(effect=effect).first()
+        if approval is None:
+            return None
+        view = {**approval.summary(), "decided_by": approval.decided_by_label or None,
+                "reason": approval.decision_reason or None, "decision": approval.decision}
+        return view, approval.caller_fields()
+
     def event_data(self) -> dict[str, Any]:
         return {"approval": self.summary(), "tool": self.tool_name, "effect": str(self.effect_id),
                 "decision": self.decision, "decided_by": self.decided_by_label or None,

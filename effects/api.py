@@ -474,11 +474,10 @@ def _effect_body(effect: Effect) -> dict[str, Any]:
     if effect.tier == Tier.IRREVERSIBLE:
         from approvals.models import ApprovalRequest
 
-        approval = ApprovalRequest.objects.select_related("effect__tool").filter(effect=effect).first()
-        if approval is not None:
-            body["approval"] = {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                                "reason": approval.decision_reason or None, "decision": approval.decision}
-            body.update(approval.caller_fields())
+        found = ApprovalRequest.for_caller(effect)
+        if found is not None:
+            body["approval"], fields = found
+            body.update(fields)
     return body
 
 

@@ -224,12 +224,12 @@ def _replay(existing: Effect, call: Call) -> Answer:
                        code="idempotency_key_reused", effect=existing.as_dict())
     body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
     if existing.tier == Tier.IRREVERSIBLE:
-        approval = ApprovalRequest.objects.select_related("effect__tool").filter(effect=existing).first()
-        if approval is not None:
-            body["approval"] = approval.summary()
-            body["effect"].update(approval.caller_fields())
-            if approval.decision_reason:
-                body["reason"] = approval.decision_reason
+        found = ApprovalRequest.for_caller(existing)
+        if found is not None:
+            body["approval"], fields = found
+            body["effect"].update(fields)
+            if body["approval"]["reason"]:
+                body["reason"] = body["approval"]["reason"]
     return Answer(200, body)
 
 
