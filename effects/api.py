@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 
+from effects import fastpath, longpoll
 from effects import intercept as pipeline
-from effects import longpoll
 from effects.models import (
     CompensationFunction,
     Effect,
@@ -306,6 +306,14 @@ class SessionViewSet(ViewSet):
 
     lookup_value_regex = "[0-9a-fA-F-]{36}"
 
+    def dispatch(self, request, *args, **kwargs):
+        # The hot path first: one statement when it can answer, else DRF and the full pipeline.
+        if self.action_map.get(request.method.lower()) == "intercept" and fastpath.available():
+            answer = fastpath.intercept(request, kwargs["pk"])
+            if answer is not None:
+                return answer
+        return super().dispatch(request, *args, **kwargs)
+
     def get_permissions(self):
         if self.action in ("create", "intercept", "complete"):
             return [IsAgent()]
@@ -413,6 +421,13 @@ def effects_for(request: Request):
 
 class EffectViewSet(ViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{36}"
+
+    def dispatch(self, request, *args, **kwargs):
+        if self.action_map.get(request.method.lower()) == "commit" and fastpath.available():
+            answer = fastpath.commit(request, kwargs["pk"])
+            if answer is not None:
+                return answer
+        return super().dispatch(request, *args, **kwargs)
 
     def get_permissions(self):
         if self.action in ("commit", "fail", "start"):

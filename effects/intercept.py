@@ -129,9 +129,13 @@ def report_safe_calls(agent: Agent, session_id: Any, reported: list[ReportedSafe
 
 
 def call_signature(session: Session, call: Call) -> str:
+    return signature_of(session.id, call)
+
+
+def signature_of(session_id: Any, call: Call) -> str:
     if call.idempotency_key:
-        return sha256(canonical_json([str(session.id), "idempotency_key", call.idempotency_key]))
-    return sha256(canonical_json([str(session.id), call.tool, call.args]))
+        return sha256(canonical_json([str(session_id), "idempotency_key", call.idempotency_key]))
+    return sha256(canonical_json([str(session_id), call.tool, call.args]))
 
 
 def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:

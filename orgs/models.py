@@ -7,6 +7,7 @@ import hashlib
 import secrets
 import uuid
 import zoneinfo
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -46,6 +47,10 @@ class Organization(models.Model):
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret)
     email_notifications = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)
+    # Bumped by database triggers (PostgreSQL) in the same transaction as any change to the org's
+    # tools, compensation functions or budget policies: the intercept's fast path caches those
+    # in process and checks this number in its one statement, so a change is seen on the next call.
+    config_version = models.BigIntegerField(default=0, editable=False)
 
     def __str__(self) -> str:
         return self.slug
@@ -146,6 +151,24 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+@dataclass
+class RememberedKey:
+    """A key this process has seen valid: what the intercept's fast path needs to skip the lookup."""
+
+    id: int
+    digest: str
+    agent_id: uuid.UUID
+    agent_name: str
+    org_id: uuid.UUID
+    last_used_at: dt.datetime | None
+
+
+# prefix -> the key as a lookup found it. Never trusted alone: a fast path that uses an entry
+# re-checks in its own statement that the key is live and its agent active (no revocation slips by).
+_REMEMBERED: dict[str, RememberedKey] = {}
+_REMEMBER_AT_MOST = 10_000
+
+
 class AgentKeyQuerySet(models.QuerySet):
     def live(self) -> AgentKeyQuerySet:
         return self.filter(revoked_at__isnull=True)
@@ -187,9 +210,32 @@ class AgentKey(models.Model):
             return None
         key = cls.objects.live().select_related("agent__org").filter(prefix=parts[1]).first()
         if key is None or not secrets.compare_digest(key.digest, _digest(parts[2])):
+            _REMEMBERED.pop(parts[1], None)
             return None
         key.touch()
+        if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
+            _REMEMBERED.clear()
+        _REMEMBERED[key.prefix] = RememberedKey(key.pk, key.digest, key.agent_id, key.agent.name,
+                                                key.agent.org_id, key.last_used_at)
         return key
+
+    @staticmethod
+    def remembered(raw: str) -> RememberedKey | None:
+        """The key if this process verified it before (no query), with the secret checked again.
+        Only for a caller that re-checks liveness in its own statement (see `RememberedKey`)."""
+        parts = raw.split("_", 2)
+        found = _REMEMBERED.get(parts[1]) if len(parts) == 3 and parts[0] == "ul" else None
+        if found is None or not secrets.compare_digest(found.digest, _digest(parts[2])):
+            return None
+        return found
+
+    @staticmethod
+    def touch_remembered(found: RememberedKey) -> None:
+        """`touch()` for a remembered key: the same once-a-minute stamp."""
+        now = timezone.now()
+        if found.last_used_at is None or now - found.last_used_at > timedelta(minutes=1):
+            AgentKey.objects.filter(pk=found.id).update(last_used_at=now)
+            found.last_used_at = now
 
     def touch(self) -> None:
         # At most one write a minute per key, so the hot path stays a single read.

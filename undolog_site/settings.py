@@ -124,7 +124,11 @@ elif default_db["ENGINE"] == "django.db.backends.postgresql":
             "min_size": envint("DB_POOL_MIN", "1"),
             "max_size": envint("DB_POOL_MAX", "40"),
             "timeout": 30,
-        }
+        },
+        # Only server-side-binding cursors prepare: the intercept's fast path (effects/fastpath.py)
+        # has its one statement planned once per connection. Django's own cursors bind on the
+        # client and never prepare, so this changes nothing else.
+        "prepare_threshold": 1,
     }
 DATABASES = {"default": default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,163 @@
+"""The intercept's hot path in one process: time, CPU and SQL per request, against a baseline.
+
+Calls the production WSGI stack in-process (Django's test client: every middleware, the view,
+the real PostgreSQL through the pool) so the load generator does not share the two cores with
+the server. Per request kind it prints the median and p99 wall time, the CPU time, and the SQL
+statements (BEGIN/COMMIT not counted); each beside the one-INSERT baseline view measured in the
+same run. `--profile` adds the top costs by own time (cProfile) of the compensable intercept.
+
+    python -m bench.hotpath [--requests 2000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import itertools
+import os
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_hot")
+
+from bench.common import setup_django  # noqa: E402
+
+
+def prepare():
+    from django.db import connection
+    from django.test import Client
+
+    from effects.models import CompensationFunction, Tool
+    from orgs.models import Agent, AgentKey, Organization
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
+    org = Organization.objects.create(slug="bench-hot", name="Bench hot path")
+    agent = Agent.objects.create(org=org, name="bench-agent")
+    _, key = AgentKey.issue(agent)
+    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
+                                             handler="webhook", target="http://127.0.0.1:9/undo")
+    Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
+                        compensation_args={"to": "{to}"})
+    Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="Deletes for good")
+    Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_HOST="127.0.0.1"), agent.name
+
+
+class Kinds:
+    """Each request kind as a zero-argument callable returning the response's status."""
+
+    def __init__(self, client, agent: str) -> None:
+        self.client, self.agent = client, agent
+        self.steps = itertools.count(1)
+        self.session = self._session()
+        self.committed: list[tuple[str, dict]] = []
+        self.executing: list[str] = []
+
+    def _post(self, path: str, body: dict):
+        return self.client.post(path, body, content_type="application/json")
+
+    def _session(self) -> str:
+        return self._post("/api/v1/sessions", {"agent": self.agent}).json()["id"]
+
+    def baseline(self) -> int:
+        return self.client.post("/bench/baseline").status_code
+
+    def intercept(self) -> int:
+        step = next(self.steps)
+        body = {"tool": "send_email", "step_index": step, "args": {"to": f"u{step}@x.io", "subject": "hi"}}
+        answer = self._post(f"/api/v1/sessions/{self.session}/intercept", body)
+        self.executing.append(answer.json()["effect"]["id"])
+        self.committed.append((self.session, body))
+        return answer.status_code
+
+    def intercept_with_safe(self) -> int:
+        step = next(self.steps)
+        body = {"tool": "send_email", "step_index": step + 1, "args": {"to": f"s{step}@x.io"},
+                "safe_calls": [{"tool": "list_accounts", "step_index": step, "args": {}}]}
+        next(self.steps)
+        answer = self._post(f"/api/v1/sessions/{self.session}/intercept", body)
+        self.executing.append(answer.json()["effect"]["id"])
+        return answer.status_code
+
+    def commit(self) -> int:
+        effect = self.executing.pop()
+        return self._post(f"/api/v1/effects/{effect}/commit", {"result": {"sent": True}}).status_code
+
+    def replay(self) -> int:
+        session, body = self.committed[len(self.committed) // 2]
+        return self._post(f"/api/v1/sessions/{session}/intercept", body).status_code
+
+    def irreversible(self) -> int:
+        # Each irreversible call holds its session, so each gets a session of its own.
+        session = self._session()
+        step = next(self.steps)
+        return self._post(f"/api/v1/sessions/{session}/intercept",
+                          {"tool": "delete_account", "step_index": step, "args": {"account_id": step}}).status_code
+
+
+def measure(op: Callable[[], int], requests: int, expect: int) -> dict:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        status = op()
+    assert status == expect, f"{op.__name__} answered {status}, expected {expect}"
+    statements = [q["sql"] for q in queries.captured_queries
+                  if q["sql"].split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+    walls, cpu_start = [], time.process_time()
+    for _ in range(requests):
+        started = time.perf_counter()
+        op()
+        walls.append((time.perf_counter() - started) * 1000)
+    cpu = (time.process_time() - cpu_start) * 1000 / requests
+    walls.sort()
+    return {"p50": statistics.median(walls), "p99": walls[int(0.99 * (len(walls) - 1))], "cpu": cpu,
+            "queries": len(statements), "sql": statements}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sql", action="store_true", help="print each kind's statements")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    setup_django()
+    kinds = Kinds(*prepare())
+    for _ in range(200):  # warm the pool, the caches and the planner
+        kinds.baseline(), kinds.intercept(), kinds.commit(), kinds.replay()
+    plan = [("baseline INSERT", kinds.baseline, 201), ("compensable intercept", kinds.intercept, 201),
+            ("commit", kinds.commit, 200), ("replay", kinds.replay, 200),
+            ("intercept + 1 SAFE", kinds.intercept_with_safe, 201),
+            ("irreversible intercept", kinds.irreversible, 202)]
+    results = {}
+    print(f"in-process WSGI stack, PostgreSQL, {args.requests} requests per kind (wall ms, CPU ms, SQL)")
+    for name, op, expect in plan:
+        n = args.requests if name != "irreversible intercept" else max(1, args.requests // 5)
+        results[name] = measure(op, n, expect)
+    base = results["baseline INSERT"]
+    for name, r in results.items():
+        print(f"  {name:24} p50 {r['p50']:6.2f} p99 {r['p99']:6.2f} cpu {r['cpu']:5.2f} "
+              f"sql {r['queries']:2} | time x{r['p50'] / base['p50']:4.2f} of baseline "
+              f"(throughput ratio {base['cpu'] / r['cpu']:4.2f})")
+        if args.sql:
+            for sql in r["sql"]:
+                print(f"      {sql[:160]}")
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(500):
+            kinds.intercept()
+        profiler.disable()
+        print("  top costs of the compensable intercept (own time, 500 calls):")
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(12)
+        stats.sort_stats("cumulative").print_stats(45)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""The intercept and the commit as one SQL statement each, on PostgreSQL.
+
+The common case (a compensable call within its run's limits, on a running session of an
+active agent, from a key this process has verified before) needs no read before its write:
+
+1. The key comes from `AgentKey.remembered`; the org's tools and the agent's budget limits
+   from `OrgConfig`, stamped with the org's `config_version` (bumped by triggers in the same
+   transaction as any change to tools, compensation functions or budget policies).
+2. One statement, in autocommit (atomic on its own, no BEGIN/COMMIT round trips): the guarded
+   UPDATE of the session's counters (running, its agent's, agent active, key live, config
+   version unchanged, every run cap respected, no effect with this signature yet) feeds the
+   effect's INSERT, which feeds the undo entry's INSERT. The same statement reads back the
+   effect already holding this signature (a replay) and the org's current config version.
+3. Anything else returns None and the caller runs the full pipeline (`effects.intercept`),
+   which owns every rule: a first use of a key, SAFE calls reported, a daily limit, a cap in the
+   way, a session not running, an irreversible call or its replay, a lost race on the signature.
+   The fast path only ever gives the answer the pipeline would have given.
+
+Concurrency: the UPDATE takes the session's row lock, so calls of one session still pass one by
+one and a waiting call re-checks the caps on the row as the previous call left it. Two
+duplicates can both pass `NOT EXISTS` (their snapshots predate each other); the unique
+constraint on (session, call_signature) stops the second, which then replays on the slow path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from django.core.exceptions import RequestDataTooBig
+from django.db import IntegrityError, connection, transaction
+from django.http import HttpResponse
+from django.utils import timezone
+from psycopg.types.json import Jsonb
+from rest_framework.renderers import JSONRenderer
+
+from budgets.guard import DEFAULT_WEIGHT
+from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
+from effects import intercept as pipeline
+from effects import longpoll
+from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, render_template, sha256
+from orgs.models import AgentKey, Organization, RememberedKey
+from undolog_site.errors import DomainError
+
+_CONFIGS: dict[uuid.UUID, OrgConfig] = {}
+_RENDERER = JSONRenderer()
+
+
+@dataclass
+class OrgConfig:
+    """What the fast path reads of an org's registry and budgets, as of `version`.
+
+    The version is read before the rows, so a change racing the load can only make the rows
+    newer than their stamp: the statement then sees a different version and falls back.
+    """
+
+    version: int
+    tools: dict[str, Tool]
+    limits: dict[uuid.UUID, Limits] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, org_id: uuid.UUID) -> OrgConfig | None:
+        config = _CONFIGS.get(org_id)
+        if config is None:
+            version = Organization.objects.filter(pk=org_id).values_list("config_version", flat=True).first()
+            if version is None:
+                return None
+            tools = {tool.name: tool for tool in Tool.objects.filter(org_id=org_id).select_related("compensation_fn")}
+            config = _CONFIGS[org_id] = cls(version, tools)
+        return config
+
+    def limits_for(self, org_id: uuid.UUID, agent_id: uuid.UUID) -> Limits:
+        limits = self.limits.get(agent_id)
+        if limits is None:
+            limits = self.limits[agent_id] = Limits.for_agent(org_id, agent_id)
+        return limits
+
+    @staticmethod
+    def forget(org_id: uuid.UUID, seen_version: int | None) -> None:
+        config = _CONFIGS.get(org_id)
+        if config is not None and config.version != seen_version:
+            _CONFIGS.pop(org_id, None)
+
+
+def available() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _remembered_key(request) -> RememberedKey | None:
+    scheme, _, raw = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    return AgentKey.remembered(raw.strip()) if scheme == "Bearer" else None
+
+
+def _json_body(request) -> Any:
+    if request.content_type != "application/json":
+        return None
+    try:
+        return json.loads(request.body)
+    except (ValueError, RecursionError, RequestDataTooBig):
+        return None  # the slow path answers with the right error
+
+
+def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
+    return HttpResponse(_RENDERER.render(body), status=status, content_type="application/json")
+
+
+# ---------------------------------------------------------------- the statements
+
+def _cast(field_: Any) -> str:
+    return field_.db_type(connection) or "text"
+
+
+def _insert(model: type, alias: str, source: str) -> tuple[str, list]:
+    """`INSERT … SELECT <params> FROM source`: every concrete column, each param cast to its type
+    (so a new column with a Python default needs no change here)."""
+    fields = model._meta.concrete_fields
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = ", ".join(f"%({alias}{n})s::{_cast(f)}" for n, f in enumerate(fields))
+    sql = f"INSERT INTO {model._meta.db_table} ({columns}) SELECT {values} FROM {source} RETURNING 1"
+    return sql, list(fields)
+
+
+def _params(instance: Any, alias: str, fields: list) -> dict[str, Any]:
+    return {f"{alias}{n}": f.get_db_prep_save(f.pre_save(instance, True), connection) for n, f in enumerate(fields)}
+
+
+_EXISTING = ("id", "tool_name", "tier", "state", "step_index", "args", "result", "error", "created", "updated",
+             "args_digest", "call_signature")
+_SQL: dict[tuple, tuple[str, list, list]] = {}
+_CAP_GUARDS = {
+    "max_tool_calls_per_run": "s.tool_calls + %(calls)s <= %(cap_calls)s",
+    "max_irreversible_per_run": "s.irreversible_calls + %(irreversible)s <= %(cap_irreversible)s",
+    "max_cost_per_run": "s.cost + %(cost)s <= %(cap_cost)s",
+    TOOL_CAPS: "COALESCE((s.tool_counts ->> %(tool)s)::int, 0) + %(tool_calls)s <= %(cap_tool)s",
+}
+_SAFE_CALLS = """
+), safe AS (
+    INSERT INTO effects_safecall (session_id, tool_name, step_index, args, created)
+    SELECT s.id, r.tool, r.step_index, r.args, %(now)s
+    FROM s, jsonb_to_recordset(%(safe)s::jsonb) AS r(tool text, step_index int, args jsonb)
+    RETURNING 1"""
+
+
+def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> tuple[str, list, list]:
+    cached = _SQL.get((caps, with_safe_calls))
+    if cached is not None:
+        return cached
+    guards = "".join(f" AND {_CAP_GUARDS[cap]}" for cap in caps)
+    if with_safe_calls:
+        # A retry reports the same SAFE calls again: a step already recorded leaves it to the pipeline.
+        guards += (" AND NOT EXISTS (SELECT 1 FROM effects_safecall y WHERE y.session_id = s.id"
+                   " AND y.step_index = ANY(%(safe_steps)s))")
+    effect_sql, effect_fields = _insert(Effect, "e", "s")
+    entry_sql, entry_fields = _insert(UndoEntry, "u", "e")
+    existing = ", ".join(f"x.{name}" for name in _EXISTING)
+    sql = f"""
+WITH s AS (
+    UPDATE effects_session AS s SET
+        tool_calls = s.tool_calls + %(calls)s,
+        irreversible_calls = s.irreversible_calls + %(irreversible)s,
+        cost = s.cost + %(cost)s,
+        tool_counts = s.tool_counts || (
+            SELECT jsonb_object_agg(t.key, COALESCE((s.tool_counts ->> t.key)::int, 0) + t.value::int)
+            FROM jsonb_each_text(%(counts)s::jsonb) AS t),
+        step_index = GREATEST(s.step_index, %(step)s),
+        updated = %(now)s
+    FROM orgs_agent a, orgs_organization o, orgs_agentkey k
+    WHERE s.id = %(session)s AND s.agent_id = %(agent)s AND s.state = 'running'
+      AND a.id = s.agent_id AND a.state = 'active'
+      AND o.id = s.org_id AND o.config_version = %(version)s
+      AND k.id = %(key)s AND k.agent_id = s.agent_id AND k.revoked_at IS NULL{guards}
+      AND NOT EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s)
+    RETURNING s.id{_SAFE_CALLS if with_safe_calls else ""}
+), e AS ({effect_sql}), u AS ({entry_sql})
+SELECT (SELECT count(*) FROM u), (SELECT config_version FROM orgs_organization WHERE id = %(org)s), {existing}
+FROM (SELECT 1) one
+LEFT JOIN effects_effect x ON x.session_id = %(session)s AND x.call_signature = %(signature)s
+    AND EXISTS (SELECT 1 FROM effects_session s2 JOIN orgs_agentkey k2 ON k2.agent_id = s2.agent_id
+                WHERE s2.id = x.session_id AND s2.agent_id = %(agent)s AND k2.id = %(key)s
+                  AND k2.revoked_at IS NULL)
+"""
+    _SQL[(caps, with_safe_calls)] = (sql, effect_fields, entry_fields)
+    return _SQL[(caps, with_safe_calls)]
+
+
+@dataclass
+class Charge:
+    """What the call and the SAFE calls it reports add to the run's counters (`budgets.guard`'s
+    arithmetic: an unregistered SAFE name weighs 1.0)."""
+
+    calls: int = 0
+    irreversible: int = 0
+    cost: Decimal = Decimal(0)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, tool: Tool | None) -> None:
+        self.calls += 1
+        self.irreversible += int(tool.irreversible) if tool else 0
+        self.cost += tool.cost_weight if tool else DEFAULT_WEIGHT
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+
+def _run_caps(limits: Limits, tool: Tool) -> tuple[str, ...] | None:
+    """The run limits this call must respect, as guards (None: leave it to the pipeline).
+
+    Mirrors `budgets.guard._run_exceeded`: only a counter this call adds to can refuse it."""
+    if limits.tracks_day or (limits.incident and tool.irreversible):
+        return None
+    adds = {"tool_calls": 1, "irreversible_calls": int(tool.irreversible), "cost": tool.cost_weight}
+    caps = [name for name, counter, _ in RUN_LIMITS if limits.values[name] is not None and adds[counter]]
+    if tool.name in limits.tool_caps:
+        caps.append(TOOL_CAPS)
+    return tuple(caps)
+
+
+def _execute(sql: str, params: dict[str, Any]) -> tuple | None:
+    """Run one statement as a server-side prepared statement (planned once per connection, not per
+    call: most of its cost otherwise), on its own in autocommit, or in a savepoint inside a caller's
+    transaction (tests), so a unique violation leaves that transaction usable. Logged like every
+    Django query, so query counts stay honest."""
+    try:
+        if connection.in_atomic_block:
+            with transaction.atomic():
+                return _prepared(sql, params)
+        return _prepared(sql, params)
+    except (IntegrityError, psycopg.IntegrityError):
+        return None  # a duplicate won the race on the signature: the pipeline replays it
+
+
+def _prepared(sql: str, params: dict[str, Any]) -> tuple | None:
+    connection.ensure_connection()
+    started = time.monotonic()
+    try:
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.fetchone()
+    finally:
+        if connection.queries_logged:
+            connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+# ---------------------------------------------------------------- intercept
+
+def intercept(request, session_id: str) -> HttpResponse | None:
+    """The answer to an intercept request, or None for the pipeline to give it."""
+    key = _remembered_key(request)
+    data = _json_body(request) if key is not None else None
+    if not isinstance(data, dict):
+        return None
+    try:
+        call = pipeline.parse(data)
+        session = uuid.UUID(session_id)
+    except (DomainError, ValueError):
+        return None
+    config = OrgConfig.of(key.org_id)
+    tool = config.tools.get(call.tool) if config else None
+    if tool is None or tool.tier != Tier.COMPENSABLE or tool.compensation_fn is None:
+        return None
+    limits = config.limits_for(key.org_id, key.agent_id)
+    caps = _run_caps(limits, tool)
+    if caps is None:
+        return None
+    AgentKey.touch_remembered(key)
+    return _admit(key, config, limits, tool, call, session, caps)
+
+
+def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, call: pipeline.Call,
+           session: uuid.UUID, caps: tuple[str, ...]) -> HttpResponse | None:
+    now = timezone.now()
+    signature = pipeline.signature_of(session, call)
+    effect = Effect(id=uuid.uuid4(), org_id=key.org_id, session_id=session, tool=tool, tool_name=tool.name,
+                    tier=tool.tier, step_index=call.step_index, call_signature=signature,
+                    idempotency_key=call.idempotency_key, args=call.args,
+                    args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
+                    state=Effect.State.EXECUTING, created=now, updated=now)
+    fn = tool.compensation_fn
+    entry = UndoEntry(id=uuid.uuid4(), session_id=session, effect=effect, step_index=call.step_index, fn=fn,
+                      fn_name=fn.fn_name, fn_version=fn.fn_version,
+                      args=render_template(tool.compensation_args, call.args), max_retries=tool.max_retries,
+                      retry_backoff_ms=tool.retry_backoff_ms, created=now, updated=now)
+    safe = {c.step_index: c for c in call.safe_calls}  # a step reported twice counts once (the pipeline's rule)
+    charge = Charge()
+    for reported in safe.values():
+        charge.add(reported.tool, config.tools.get(reported.tool))
+    tool_calls_before = charge.counts.get(tool.name, 0)
+    charge.add(tool.name, tool)
+    sql, effect_fields, entry_fields = _intercept_sql(caps, bool(safe))
+    params = {"calls": charge.calls, "irreversible": charge.irreversible, "cost": charge.cost,
+              "counts": Jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
+              "step": max(call.step_index, *safe) if safe else call.step_index, "now": now, "session": session,
+              "agent": key.agent_id, "version": config.version, "key": key.id, "signature": signature,
+              "org": key.org_id, "cap_calls": limits.values["max_tool_calls_per_run"],
+              "cap_irreversible": limits.values["max_irreversible_per_run"],
+              "cap_cost": limits.values["max_cost_per_run"], "cap_tool": limits.tool_caps.get(tool.name),
+              "safe": Jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
+              "safe_steps": list(safe),
+              **_params(effect, "e", effect_fields), **_params(entry, "u", entry_fields)}
+    row = _execute(sql, params)
+    if row is None:
+        return None
+    pushed, version, *existing = row
+    if pushed:
+        effect.announce(None, Effect.State.EXECUTING)
+        return _respond(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
+    OrgConfig.forget(key.org_id, version)
+    # A replay that reports SAFE calls may charge some: the pipeline does that bookkeeping.
+    return None if safe else _replay(existing, call, session)
+
+
+def _replay(existing: list, call: pipeline.Call, session: uuid.UUID) -> HttpResponse | None:
+    if existing[0] is None:
+        return None
+    found = dict(zip(_EXISTING, existing, strict=True))
+    for name in ("args", "result"):
+        if isinstance(found[name], str):
+            found[name] = json.loads(found[name])
+    effect = Effect(session_id=session, **found)
+    if effect.tier != Tier.COMPENSABLE:
+        return None  # an irreversible replay carries its approval: the pipeline builds that
+    if call.idempotency_key and (effect.tool_name != call.tool or
+                                 effect.args_digest != sha256(canonical_json(call.args))):
+        return None  # the pipeline answers 409 idempotency_key_reused
+    return _respond(200, {"decision": "replay", "effect": effect.as_dict()})
+
+
+# ---------------------------------------------------------------- commit
+
+_COMMIT_SQL = """
+WITH old AS (
+    SELECT e.id, e.state FROM effects_effect e
+    JOIN effects_session s ON s.id = e.session_id
+    JOIN orgs_agentkey k ON k.agent_id = s.agent_id
+    WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state IN ('executing', 'approved')
+      AND k.id = %(key)s AND k.revoked_at IS NULL
+    FOR UPDATE OF e
+), e AS (
+    UPDATE effects_effect e SET state = 'committed', updated = %(now)s, result = %(result)s::jsonb
+    FROM old WHERE e.id = old.id
+    RETURNING e.id, e.org_id, e.session_id, e.tool_name, e.tier, e.step_index, e.call_signature, e.args,
+              e.error, e.created, old.state AS from_state
+), t AS (
+    INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
+    SELECT id, from_state, 'committed', %(actor)s, '', %(now)s FROM e
+)
+SELECT * FROM e
+"""
+_COMMITTED = ("id", "org_id", "session_id", "tool_name", "tier", "step_index", "call_signature", "args", "error",
+              "created", "from_state")
+
+
+def commit(request, effect_id: str) -> HttpResponse | None:
+    """The answer to a commit request, or None for the viewset to give it."""
+    key = _remembered_key(request)
+    data = _json_body(request) if key is not None else None
+    if not isinstance(data, dict) or set(data) - {"result"}:
+        return None
+    try:
+        effect_uuid = uuid.UUID(effect_id)
+    except ValueError:
+        return None
+    result = data.get("result")
+    now = timezone.now()
+    AgentKey.touch_remembered(key)
+    row = _execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
+                                 "result": Effect._meta.get_field("result").get_db_prep_save(result, connection),
+                                 "actor": f"agent:{key.agent_name}"})
+    if row is None:
+        return None  # not this agent's, not executing or approved, or gone: the viewset says which
+    found = dict(zip(_COMMITTED, row, strict=True))
+    from_state = found.pop("from_state")
+    if isinstance(found["args"], str):
+        found["args"] = json.loads(found["args"])
+    effect = Effect(state=Effect.State.COMMITTED, result=result, updated=now, **found)
+    longpoll.publish(effect.pk)
+    announce(effect, "effect", from_state, Effect.State.COMMITTED, name=effect.tool_name,
+             session_id=effect.session_id, org_id=effect.org_id, step_index=effect.step_index)
+    return _respond(200, {"effect": effect.as_dict()})
