@@ -106,7 +106,9 @@ def _json_body(request) -> Any:
 
 
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
-    return HttpResponse(_RENDERER.render(body), status=status, content_type="application/json")
+    response = HttpResponse(_RENDERER.render(body), status=status, content_type="application/json")
+    response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients
+    return response
 
 
 # ---------------------------------------------------------------- the statements

@@ -108,3 +108,31 @@ def asgi_server(**env: str):
         yield base
     finally:
         _stop(process)
+
+
+@contextmanager
+def wsgi_server(workers: int = 2, **env: str):
+    """The WSGI app under gunicorn with several worker processes (the production shape for /api/):
+    each has its own caches, so a test can prove that a change reaches every one. Yields its URL."""
+    port = free_port()
+    log_path = Path(settings.VAR_DIR) / f"test-wsgi-{os.getpid()}.log"
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b", f"127.0.0.1:{port}",
+             "-w", str(workers), "--log-level", "warning"],
+            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code in (200, 503):
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn did not start; see {log_path}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        _stop(process)
