@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_hot")
 
-from bench.common import setup_django  # noqa: E402
+from bench.common import setup_django
 
 
 def prepare():

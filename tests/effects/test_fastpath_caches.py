@@ -30,7 +30,7 @@ def server(django_db_setup, django_db_blocker):
         yield base
 
 
-class Agent_:
+class HttpAgent:
     """An agent calling the server over HTTP, each request on a fresh connection."""
 
     def __init__(self, base: str, key: str) -> None:
@@ -57,7 +57,7 @@ class Agent_:
 def warmed(server: str, slug: str) -> tuple:
     persona = make_persona(slug)
     register_budget_tools(persona)
-    agent = Agent_(server, persona.key)
+    agent = HttpAgent(server, persona.key)
     answers = agent.in_pairs("send_email") + agent.in_pairs("drop_table", pairs=2)
     assert {r.status_code for r in answers} == {201}
     # From the second call of each worker on, the caches answer (PostgreSQL; SQLite has no fast path).
@@ -113,7 +113,7 @@ def test_a_tool_re_registered_as_irreversible_waits_for_a_reviewer_in_every_work
     assert response.status_code == 200, response.content
 
     with ThreadPoolExecutor(2) as pool:
-        sessions = [Agent_(server, persona.key) for _ in range(2 * PAIRS)]
+        sessions = [HttpAgent(server, persona.key) for _ in range(2 * PAIRS)]
         answers = list(pool.map(lambda a: a.call("send_email"), sessions))
     assert Counter(r.status_code for r in answers) == {202: 2 * PAIRS}
     assert {r.json()["decision"] for r in answers} == {"await_approval"}
