@@ -1,0 +1,220 @@
+"""The hot path's throughput and latency as deployed: gunicorn (sync workers, production
+settings) on PostgreSQL, driven by wrk (a C load generator, so the client does not take the
+server's CPU), each kind beside a bare Django view doing one INSERT, in the same run.
+
+Kinds: the baseline INSERT; a compensable intercept (a new call each time, over 16 sessions);
+the same with one SAFE call reported; a replay; a commit; an irreversible intercept (a fresh
+session each, since it holds its session for a reviewer). Then one client alone, for p50/p99.
+
+    python -m bench.throughput [--seconds 5] [--workers 4] [--connections 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_tp")
+
+from bench.common import BASE_DIR, free_port, setup_django
+
+LUA = """
+local items, n, kind = {}, 0, "%(kind)s"
+local token = "%(token)s"
+for line in io.lines("%(items)s") do items[#items + 1] = line end
+threads_seen = 0
+function setup(thread) threads_seen = threads_seen + 1; thread:set("offset", threads_seen) end
+function init(args) n = offset * 1000000 end
+function request()
+  n = n + 1
+  local headers = {["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}
+  local item = items[(n %% #items) + 1]
+  if kind == "baseline" then return wrk.format("POST", "/bench/baseline", headers, "") end
+  if kind == "intercept" then
+    return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
+      '{"tool":"send_email","step_index":' .. n .. ',"args":{"to":"u' .. n .. '@x.io","subject":"hi"}}')
+  end
+  if kind == "intercept+safe" then
+    return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
+      '{"tool":"send_email","step_index":' .. (2 * n + 1) .. ',"args":{"to":"s' .. n .. '@x.io"},' ..
+      '"safe_calls":[{"tool":"list_accounts","step_index":' .. (2 * n) .. ',"args":{}}]}')
+  end
+  if kind == "replay" then
+    return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
+      '{"tool":"send_email","step_index":1,"args":{"to":"replayed@x.io","subject":"hi"}}')
+  end
+  if kind == "commit" then
+    item = items[n - offset * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
+    return wrk.format("POST", "/api/v1/effects/" .. item .. "/commit", headers, '{"result":{"sent":true}}')
+  end
+  if kind == "irreversible" then
+    item = items[n - offset * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
+    return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
+      '{"tool":"delete_account","step_index":1,"args":{"account_id":"' .. n .. '"}}')
+  end
+end
+"""
+
+
+def prepare(commits: int, irreversible: int) -> dict:
+    """The org, its key, tools, 16 running sessions, executing effects to commit, fresh sessions."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from effects.models import CompensationFunction, Effect, Session, Tool, UndoEntry
+    from orgs.models import Agent, AgentKey, Organization
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
+    org = Organization.objects.create(slug="bench-tp", name="Bench throughput")
+    agent = Agent.objects.create(org=org, name="bench-agent")
+    _, key = AgentKey.issue(agent)
+    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
+                                             handler="webhook", target="http://127.0.0.1:9/undo")
+    send = Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
+                               compensation_args={"to": "{to}"})
+    Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="For good")
+    Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
+    running = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(16))
+    held = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(commits // 500 + 1))
+    now = timezone.now()
+    effects = Effect.objects.bulk_create(
+        Effect(org=org, session=held[n % len(held)], tool=send, tool_name=send.name, tier=send.tier, step_index=n,
+               call_signature=uuid.uuid4().hex * 2, args={"to": f"c{n}@x.io"}, args_digest="-",
+               state=Effect.State.EXECUTING, created=now, updated=now) for n in range(commits))
+    UndoEntry.objects.bulk_create(
+        UndoEntry(session_id=e.session_id, effect=e, step_index=e.step_index, fn=fn, fn_name=fn.fn_name,
+                  fn_version=fn.fn_version, args={"to": e.args["to"]}) for e in effects)
+    fresh = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(irreversible))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return {"key": key, "running": [str(s.id) for s in running], "effects": [str(e.id) for e in effects],
+            "fresh": [str(s.id) for s in fresh]}
+
+
+class Gunicorn:
+    def __init__(self, workers: int) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{self.port}",
+             "-w", str(workers), "--log-level", "warning", "--backlog", "512"],
+            cwd=BASE_DIR, env=env, start_new_session=True)
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("gunicorn did not start")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        import signal
+
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=20)
+
+
+def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, connections: int,
+        threads: int = 2, offset: int = 0, slices: int = 1) -> dict:
+    """One wrk run. Kinds that use each item once (commit, irreversible) take the `offset`-th
+    slice of the items, so rounds never reuse one."""
+    var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
+    var.mkdir(exist_ok=True)
+    items_file, script = var / f"bench-wrk-{kind}.txt", var / f"bench-wrk-{kind}.lua"
+    if kind in ("commit", "irreversible"):
+        share = len(items) // slices
+        items = items[offset * share:(offset + 1) * share]
+    items_file.write_text("\n".join(items) + "\n")
+    script.write_text(LUA % {"kind": kind, "token": token, "items": items_file, "threads": threads})
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency",
+               "-s", str(script), base]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rate": rate, "p50": _ms(out, "50%"), "p99": _ms(out, "99%"), "errors": int(errors.group(1)) if errors
+            else 0, "raw": out}
+
+
+def _ms(out: str, label: str) -> float:
+    value, unit = re.search(rf"{re.escape(label)}\s+([\d.]+)(us|ms|s)", out).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+
+
+def ensure_wrk() -> None:
+    if shutil.which("wrk"):
+        return
+    print("installing Debian's wrk for the throughput benchmark", flush=True)
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", "wrk"], check=True,
+                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    ensure_wrk()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    setup_django()
+    data = prepare(commits=int(3000 * args.seconds * args.rounds), irreversible=int(600 * args.seconds * args.rounds))
+    # The replay's call, committed once before the clock starts.
+    import httpx
+
+    server = Gunicorn(args.workers)
+    headers = {"Authorization": f"Bearer {data['key']}"}
+    replayed = data["running"][0]
+    httpx.post(f"{server.base}/api/v1/sessions/{replayed}/intercept", headers=headers, json={
+        "tool": "send_email", "step_index": 1, "args": {"to": "replayed@x.io", "subject": "hi"}}).raise_for_status()
+    plan = [("compensable intercept", "intercept", data["running"]),
+            ("intercept + 1 SAFE", "intercept+safe", data["running"]), ("replay", "replay", [replayed]),
+            ("commit", "commit", data["effects"]), ("irreversible intercept", "irreversible", data["fresh"])]
+    results = {}
+    print(f"gunicorn {args.workers} sync workers · wrk {args.connections} connections · {args.rounds} rounds of "
+          f"{args.seconds:g} s each, every round beside its own baseline · PostgreSQL · production settings")
+    try:
+        wrk(server.base, "baseline", data["running"], data["key"], seconds=1, connections=args.connections)  # warm
+        wrk(server.base, "intercept", data["running"], data["key"], seconds=1, connections=args.connections)
+        for name, kind, items in plan:
+            # Rounds alternate baseline and kind, and the ratio is taken per round: this machine's
+            # load drifts, and a drift between two long runs would read as a ratio.
+            rounds = []
+            for n in range(args.rounds):
+                base = wrk(server.base, "baseline", data["running"], data["key"], seconds=args.seconds,
+                           connections=args.connections)
+                r = wrk(server.base, kind, items, data["key"], seconds=args.seconds, connections=args.connections,
+                        offset=n, slices=args.rounds)
+                rounds.append((r["rate"] / base["rate"], r, base))
+            ratio, r, base = sorted(rounds, key=lambda x: x[0])[len(rounds) // 2]
+            results[name] = {**r, "ratio": ratio, "baseline": base["rate"]}
+            print(f"  {name:24} {r['rate']:8.1f} req/s  x{ratio:4.2f} of the baseline ({base['rate']:.0f} req/s "
+                  f"that round; median of {args.rounds})  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+                  f"non-2xx {r['errors']}")
+        alone = wrk(server.base, "intercept", data["running"], data["key"], seconds=args.seconds, connections=1,
+                    threads=1)
+        results["one client"] = alone
+        print(f"  one client, compensable intercept: p50 {alone['p50']:.2f} ms  p99 {alone['p99']:.2f} ms "
+              f"({alone['rate']:.0f} req/s)")
+    finally:
+        server.stop()
+    return results
+
+
+if __name__ == "__main__":
+    main()
