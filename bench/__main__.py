@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["bench.intercept", "bench.undo", "bench.dashboard", "bench.sdk_safe"]
+BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.intercept", "bench.undo", "bench.dashboard", "bench.size",
+              "bench.sdk_safe"]
 
 
 def main() -> int:
