@@ -92,36 +92,39 @@ def load(data: dict, sessions: int, effects: int) -> float:
     from effects.models import Effect, Session
 
     started = time.monotonic()
+    # History: older than the 7-day window the queue's statistics read.
+    ago_min = "now() - interval '8 days' - g * interval '1 minute'"
+    ago_s = "now() - interval '8 days' - g * interval '1 second'"
     org, agent, send, delete = data["org"].id, data["agent"].id, data["send"].id, data["delete"].id
     per = max(1, effects // sessions)
     _insert_select(Session, {
         "id": "md5('s' || g)::uuid", "org_id": "%s", "agent_id": "%s", "state": "'completed'",
-        "step_index": f"{per}", "tool_calls": f"{per}", "created": "now() - interval '8 days' - g * interval '1 minute'",
-        "updated": "now() - interval '8 days' - g * interval '1 minute'", "ended_at": "now() - interval '8 days' - g * interval '1 minute'"},
+        "step_index": f"{per}", "tool_calls": f"{per}", "created": ago_min,
+        "updated": ago_min, "ended_at": ago_min},
         f"generate_series(1, {sessions}) g", [org, agent])
     _insert_select(Effect, {
         "id": "md5('e' || g)::uuid", "org_id": "%s", "session_id": f"md5('s' || (1 + g %% {sessions}))::uuid",
         "tool_id": "%s", "tool_name": "'send_email'", "tier": "'compensable'", "step_index": "g",
         "call_signature": "md5('e' || g) || md5('f' || g)", "args": "jsonb_build_object('to', 'u' || g || '@x.io')",
         "args_digest": "'-'", "state": "'committed'", "result": "'{\"sent\": true}'::jsonb",
-        "created": "now() - interval '8 days' - g * interval '1 second'", "updated": "now() - interval '8 days' - g * interval '1 second'"},
+        "created": ago_s, "updated": ago_s},
         f"generate_series(1, {effects}) g", [org, send])
     decided = sessions
     _insert_select(Effect, {
-        "id": "md5('i' || g)::uuid", "org_id": "%s", "session_id": f"md5('s' || g)::uuid", "tool_id": "%s",
+        "id": "md5('i' || g)::uuid", "org_id": "%s", "session_id": "md5('s' || g)::uuid", "tool_id": "%s",
         "tool_name": "'delete_account'", "tier": "'irreversible'", "step_index": "0",
         "call_signature": "md5('i' || g) || md5('j' || g)", "args": "jsonb_build_object('account_id', g)",
-        "args_digest": "'-'", "state": "'committed'", "created": "now() - interval '8 days' - g * interval '1 minute'",
-        "updated": "now() - interval '8 days' - g * interval '1 minute'"},
+        "args_digest": "'-'", "state": "'committed'", "created": ago_min,
+        "updated": ago_min},
         f"generate_series(1, {decided}) g", [org, delete])
     _insert_select(ApprovalRequest, {
         "id": "md5('a' || g)::uuid", "org_id": "%s", "effect_id": "md5('i' || g)::uuid",
         "session_id": "md5('s' || g)::uuid", "tool_name": "'delete_account'", "reason": "'For good'",
         "risk_tags": "'[\"data-loss\"]'::jsonb", "proposed_args": "jsonb_build_object('account_id', g)",
         "args_digest": "'-'", "agent_context": "'{\"calls\": [], \"reasoning\": []}'::jsonb",
-        "timeout_at": "now() - interval '8 days' - g * interval '1 minute'", "state": "'approved'",
-        "decided_by_label": "'bench-reviewer'", "decided_at": "now() - interval '8 days' - g * interval '1 minute'",
-        "created": "now() - interval '8 days' - g * interval '1 minute'"},
+        "timeout_at": ago_min, "state": "'approved'",
+        "decided_by_label": "'bench-reviewer'", "decided_at": ago_min,
+        "created": ago_min},
         f"generate_series(1, {decided}) g", [org])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # as autovacuum would have by now
