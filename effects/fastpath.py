@@ -28,6 +28,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -113,27 +114,27 @@ def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
 
 # ---------------------------------------------------------------- the statements
 
-def _cast(field_: Any) -> str:
-    return field_.db_type(connection) or "text"
+def _insert(model: type, param: str, source: str) -> str:
+    """`INSERT … SELECT` of one row given as a JSON object of every column: one parameter and a
+    short statement (psycopg caches the parsing of statements under 4 KiB and 50 parameters only),
+    and a new column with a Python default needs no change here."""
+    table = model._meta.db_table
+    return f"INSERT INTO {table} SELECT (jsonb_populate_record(NULL::{table}, %({param})s)).* FROM {source} RETURNING 1"
 
 
-def _insert(model: type, alias: str, source: str) -> tuple[str, list]:
-    """`INSERT … SELECT <params> FROM source`: every concrete column, each param cast to its type
-    (so a new column with a Python default needs no change here)."""
-    fields = model._meta.concrete_fields
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = ", ".join(f"%({alias}{n})s::{_cast(f)}" for n, f in enumerate(fields))
-    sql = f"INSERT INTO {model._meta.db_table} ({columns}) SELECT {values} FROM {source} RETURNING 1"
-    return sql, list(fields)
-
-
-def _params(instance: Any, alias: str, fields: list) -> dict[str, Any]:
-    return {f"{alias}{n}": f.get_db_prep_save(f.pre_save(instance, True), connection) for n, f in enumerate(fields)}
+def _row(instance: Any) -> Jsonb:
+    """The instance as its table's row, in JSON (what `_insert` takes)."""
+    row = {}
+    for f in instance._meta.concrete_fields:
+        value = f.pre_save(instance, True)
+        # PostgreSQL reads these from their text form; JSON fields stay JSON.
+        row[f.column] = str(value) if isinstance(value, (uuid.UUID, datetime, Decimal)) else value
+    return Jsonb(row)
 
 
 _EXISTING = ("id", "tool_name", "tier", "state", "step_index", "args", "result", "error", "created", "updated",
              "args_digest", "call_signature")
-_SQL: dict[tuple, tuple[str, list, list]] = {}
+_SQL: dict[tuple, str] = {}
 _CAP_GUARDS = {
     "max_tool_calls_per_run": "s.tool_calls + %(calls)s <= %(cap_calls)s",
     "max_irreversible_per_run": "s.irreversible_calls + %(irreversible)s <= %(cap_irreversible)s",
@@ -148,7 +149,7 @@ _SAFE_CALLS = """
     RETURNING 1"""
 
 
-def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> tuple[str, list, list]:
+def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> str:
     cached = _SQL.get((caps, with_safe_calls))
     if cached is not None:
         return cached
@@ -157,8 +158,7 @@ def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> tuple[str, l
         # A retry reports the same SAFE calls again: a step already recorded leaves it to the pipeline.
         guards += (" AND NOT EXISTS (SELECT 1 FROM effects_safecall y WHERE y.session_id = s.id"
                    " AND y.step_index = ANY(%(safe_steps)s))")
-    effect_sql, effect_fields = _insert(Effect, "e", "s")
-    entry_sql, entry_fields = _insert(UndoEntry, "u", "e")
+    effect_sql, entry_sql = _insert(Effect, "effect", "s"), _insert(UndoEntry, "entry", "e")
     existing = ", ".join(f"x.{name}" for name in _EXISTING)
     sql = f"""
 WITH s AS (
@@ -186,8 +186,8 @@ LEFT JOIN effects_effect x ON x.session_id = %(session)s AND x.call_signature = 
                 WHERE s2.id = x.session_id AND s2.agent_id = %(agent)s AND k2.id = %(key)s
                   AND k2.revoked_at IS NULL)
 """
-    _SQL[(caps, with_safe_calls)] = (sql, effect_fields, entry_fields)
-    return _SQL[(caps, with_safe_calls)]
+    _SQL[(caps, with_safe_calls)] = sql
+    return sql
 
 
 @dataclass
@@ -291,7 +291,7 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
         charge.add(reported.tool, config.tools.get(reported.tool))
     tool_calls_before = charge.counts.get(tool.name, 0)
     charge.add(tool.name, tool)
-    sql, effect_fields, entry_fields = _intercept_sql(caps, bool(safe))
+    sql = _intercept_sql(caps, bool(safe))
     params = {"calls": charge.calls, "irreversible": charge.irreversible, "cost": charge.cost,
               "counts": Jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
               "step": max(call.step_index, *safe) if safe else call.step_index, "now": now, "session": session,
@@ -301,7 +301,7 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
               "cap_cost": limits.values["max_cost_per_run"], "cap_tool": limits.tool_caps.get(tool.name),
               "safe": Jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
               "safe_steps": list(safe),
-              **_params(effect, "e", effect_fields), **_params(entry, "u", entry_fields)}
+              "effect": _row(effect), "entry": _row(entry)}
     row = _execute(sql, params)
     if row is None:
         return None
