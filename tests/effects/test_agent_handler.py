@@ -158,3 +158,14 @@ def test_an_agent_handler_takes_no_target_and_others_need_one(acme):
                                                       "handler": "webhook"}, format="json")
     assert bad.status_code == missing.status_code == 400
     assert "target" in bad.json()["fields"] and "target" in missing.json()["fields"]
+
+
+def test_the_session_page_says_what_an_unclaimed_entry_waits_for(acme):
+    from tests.dashboard.conftest import page_client
+
+    session_id = setup_stack(acme, 1)
+    acme.api.post(f"/api/v1/sessions/{session_id}/fail", {"error": "x"}, format="json")
+
+    html = page_client(acme).get(f"/sessions/{session_id}/").content.decode()
+
+    assert "waiting for the agent side to claim it (gateway or serve_compensations)" in html
