@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["bench.intercept", "bench.undo", "bench.dashboard", "bench.sdk_safe"]
+BENCHMARKS = ["bench.intercept", "bench.undo", "bench.dashboard", "bench.sdk_safe", "bench.gateway"]
 
 
 def main() -> int:
