@@ -256,3 +256,48 @@ def test_a_reviewers_reject_and_roll_back_undoes_the_run_through_the_gateway(har
     run(scenario)
 
     assert eventually(lambda: session_of(acme).state == "compensated")
+
+
+def test_the_gateway_over_streamable_http_keeps_one_run_per_client_session(harness, acme):
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.processes import BASE_DIR, _stop, free_port
+
+    gateway = harness()
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "undolog", "gateway", "--config", str(gateway.config),
+                                "--http", f"127.0.0.1:{port}"], env=gateway.env(), cwd=BASE_DIR,
+                               start_new_session=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def up() -> bool:
+        try:
+            httpx.get(url, timeout=1)
+            return True
+        except httpx.HTTPError:
+            return False
+
+    async def one_client(title: str, fail: bool) -> None:
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            created = await client.call_tool("create_issue", {"title": title})
+            assert not created.is_error, text(created)
+            if fail:
+                await client.call_tool("undolog_fail_run", {"reason": "undo it"})
+
+    try:
+        eventually(up, timeout=30)
+        run(one_client, "a", True)
+        eventually(lambda: gateway.tracker.read()["closed"] == [1], timeout=30)
+        run(one_client, "b", False)
+    finally:
+        _stop(process)
+
+    states = sorted(Session.objects.filter(org=acme.org).values_list("state", flat=True))
+    assert states == ["compensated", "completed"]  # the second client's run completed at shutdown

@@ -3,7 +3,9 @@ MCP session id)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -75,17 +77,35 @@ async def serve_stdio(gateway: Gateway) -> None:
 
 
 async def serve_http(gateway: Gateway, host: str, port: int) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp; runs still open at shutdown are completed."""
+    """Serve streamable HTTP at http://HOST:PORT/mcp; runs still open at shutdown (SIGTERM,
+    SIGINT) are completed before the process exits."""
+    import signal
+
     import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn would re-raise the signal once serving stops, killing the process before
+            # the open runs are completed; the gateway handles the signals itself (below).
+            yield
 
     server = build_server(gateway)
     async with AsyncExitStack() as stack:
         await gateway.start(stack)
         app = server.streamable_http_app(host=host)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        web = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    web.should_exit = True
+                    return
+
         async with anyio.create_task_group() as group:
             group.start_soon(gateway.serve_compensations)
-            await uvicorn.Server(config).serve()
+            group.start_soon(stop_on_signal)
+            await web.serve()
             for key in list(gateway.runs):
                 await gateway.disconnected(key)
             group.cancel_scope.cancel()
