@@ -115,3 +115,36 @@ def test_a_handler_outcome_says_ok_retry_or_permanent():
     assert outcome(None) == (True, "", False)
     assert outcome(ConnectionError("down")) == (False, "ConnectionError: down", False)
     assert outcome(PermanentCompensationError("gone"))[2] is True
+
+
+class RecordingHttp:
+    """Stands in for the server: records what the gateway registers."""
+
+    base_url = "http://undolog.invalid"
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def asend(self, call):
+        self.sent.append(call)
+        return {}
+
+
+def test_tools_two_servers_share_are_prefixed_with_their_server_name():
+    import asyncio
+
+    from undolog.gateway import Gateway
+
+    config = parse_config({"undolog": {"agent": "desktop"}, "servers": {
+        "github": {"command": "gh-mcp"}, "gitlab": {"command": "gl-mcp"}}})
+    http = RecordingHttp()
+    gateway = Gateway(config, http=http)
+    gateway.listed = {"github": [Tool("create_issue"), Tool("star")],
+                      "gitlab": [Tool("create_issue")]}
+
+    asyncio.run(gateway._rebuild())
+
+    assert set(gateway.routes) == {"github_create_issue", "gitlab_create_issue", "star"}
+    assert gateway.routes["gitlab_create_issue"].upstream_name == "create_issue"
+    registered = [tool["name"] for tool in http.sent[-1].body["tools"]]
+    assert sorted(registered) == ["github_create_issue", "gitlab_create_issue", "star"]
