@@ -296,8 +296,8 @@ def test_the_gateway_over_streamable_http_keeps_one_run_per_client_session(harne
         run(one_client, "a", True)
         eventually(lambda: gateway.tracker.read()["closed"] == [1], timeout=30)
         run(one_client, "b", False)
+        # The second client ended its MCP session cleanly: its own run is complete.
+        eventually(lambda: sorted(Session.objects.filter(org=acme.org).values_list("state", flat=True))
+                   == ["compensated", "completed"])
     finally:
         _stop(process)
-
-    states = sorted(Session.objects.filter(org=acme.org).values_list("state", flat=True))
-    assert states == ["compensated", "completed"]  # the second client's run completed at shutdown

@@ -76,9 +76,23 @@ async def serve_stdio(gateway: Gateway) -> None:
             group.cancel_scope.cancel()
 
 
+def ends_runs_on_delete(app: Any, gateway: Gateway) -> Any:
+    """A client that ends its MCP session (``DELETE`` with its ``mcp-session-id``) disconnected
+    cleanly: its run is completed, as a stdio client's is when it closes the pipe."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        await app(scope, receive, send)
+        if scope.get("type") == "http" and scope.get("method") == "DELETE":
+            session_id = dict(scope.get("headers") or []).get(b"mcp-session-id")
+            if session_id:
+                await gateway.disconnected(f"http:{session_id.decode()}")
+
+    return wrapped
+
+
 async def serve_http(gateway: Gateway, host: str, port: int) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp; runs still open at shutdown (SIGTERM,
-    SIGINT) are completed before the process exits."""
+    """Serve streamable HTTP at http://HOST:PORT/mcp. A client's run is completed when it ends
+    its MCP session; runs still open at shutdown (SIGTERM, SIGINT) are completed before exit."""
     import signal
 
     import uvicorn
@@ -93,7 +107,7 @@ async def serve_http(gateway: Gateway, host: str, port: int) -> None:
     server = build_server(gateway)
     async with AsyncExitStack() as stack:
         await gateway.start(stack)
-        app = server.streamable_http_app(host=host)
+        app = ends_runs_on_delete(server.streamable_http_app(host=host), gateway)
         web = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
 
         async def stop_on_signal() -> None:
