@@ -27,6 +27,7 @@ from approvals.api import approval_stats
 from approvals.models import ApprovalRequest, OrgWebhook
 from budgets import sizing
 from budgets.models import BudgetPolicy, DayCounter, Limits, PolicyChange, Refusal
+from effects import claims
 from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoAttempt, UndoEntry
 from orgs.models import Agent, Membership, Organization
 
@@ -323,13 +324,14 @@ def session_context(session: Session) -> dict[str, Any]:
     # A rejected or expired approval also writes a refusal row; the effect line already says it.
     order = {"safe": 0, "effect": 1, "refusal": 2}
     items.sort(key=lambda item: (item.step_index, order[item.kind], item.at))
-    entries = list(UndoEntry.objects.filter(session=session).lifo())
+    entries = list(UndoEntry.objects.filter(session=session).lifo().select_related("fn"))
     attempts: dict[Any, list[UndoAttempt]] = defaultdict(list)
     for attempt in UndoAttempt.objects.filter(entry__session=session).order_by("number"):
         attempts[attempt.entry_id].append(attempt)
     for entry in entries:
         entry.attempt_rows = attempts[entry.pk]
         entry.args_json = _json(entry.args)
+        entry.waiting_for = claims.waiting_for(entry, entry.fn)  # an agent-side undo: who it waits for
     open_entries = [entry for entry in entries if entry.state not in UndoEntry.TERMINAL]
     return {
         "session": session,

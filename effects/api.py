@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.viewsets import ViewSet
 
-from effects import fastpath, longpoll
+from effects import claims, fastpath, longpoll
 from effects import intercept as pipeline
 from effects.models import (
     CompensationFunction,
@@ -55,14 +55,21 @@ class CompensationSerializer(StrictSerializer):
     fn_name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
     fn_version = StringField(max_length=64, validators=[semver])
     handler = serializers.ChoiceField(choices=CompensationFunction.Handler.choices)
-    target = StringField(max_length=500)
+    target = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
+    claim_timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict) -> dict:
         from approvals.webhooks import check_target  # SSRF rule lives with the deliverer
 
-        if attrs["handler"] == CompensationFunction.Handler.WEBHOOK:
+        if attrs["handler"] == CompensationFunction.Handler.AGENT:
+            if attrs["target"]:
+                raise serializers.ValidationError({"target": ["An agent handler has no target: the agent side "
+                                                              "claims its entries (POST /undo-entries/claim)."]})
+        elif not attrs["target"].strip():
+            raise serializers.ValidationError({"target": ["A webhook URL or a dotted path is required."]})
+        elif attrs["handler"] == CompensationFunction.Handler.WEBHOOK:
             problem = check_target(attrs["target"])
             if problem:
                 raise serializers.ValidationError({"target": [problem]})
@@ -73,7 +80,8 @@ class CompensationSerializer(StrictSerializer):
 
 def compensation_dict(fn: CompensationFunction) -> dict[str, Any]:
     return {"id": fn.pk, "fn_name": fn.fn_name, "fn_version": fn.fn_version, "handler": fn.handler,
-            "target": fn.target, "timeout_ms": fn.timeout_ms, "description": fn.description}
+            "target": fn.target, "timeout_ms": fn.timeout_ms, "claim_timeout_s": fn.claim_timeout_s,
+            "description": fn.description}
 
 
 class CompensationsView(APIView):
@@ -89,7 +97,7 @@ class CompensationsView(APIView):
         data = validated(CompensationSerializer, request.data)
         fn, created = CompensationFunction.objects.update_or_create(
             org=caller_of(request).org, fn_name=data["fn_name"], fn_version=data["fn_version"],
-            defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "description")},
+            defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "claim_timeout_s", "description")},
         )
         return Response(compensation_dict(fn), status=201 if created else 200)
 
@@ -521,10 +529,23 @@ class ResolveSerializer(StrictSerializer):
 UNDO_STATES = [choice for choice, _ in UndoEntry.State.choices]
 
 
+class ClaimSerializer(StrictSerializer):
+    max = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    lease_s = serializers.IntegerField(min_value=1, max_value=3600, default=30)
+
+
+class ReportSerializer(StrictSerializer):
+    ok = serializers.BooleanField()
+    error = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+    permanent = serializers.BooleanField(required=False, default=False)
+    attempt = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+
+
 def undo_entry_dict(entry: UndoEntry, *, attempts: bool = False) -> dict[str, Any]:
     session = entry.session
     body = {**entry.as_dict(), "tool": entry.effect.tool_name, "agent": session.agent.name,
-            "session_state": session.state}
+            "session_state": session.state, "handler": entry.fn.handler,
+            "waiting_for": claims.waiting_for(entry, entry.fn)}
     if attempts:
         body["attempt_log"] = [attempt.as_dict() for attempt in entry.attempt_log.all()]
     return body
@@ -539,10 +560,12 @@ class UndoEntryViewSet(ViewSet):
     def get_permissions(self):
         if self.action in ("retry", "resolve"):
             return [role_required("reviewer")()]
+        if self.action in ("claim", "report"):
+            return [IsAgent()]
         return [role_required("viewer")()]
 
     def get_queryset(self):
-        return UndoEntry.objects.for_org(caller_of(self.request).org).select_related("session__agent", "effect")
+        return UndoEntry.objects.for_org(caller_of(self.request).org).select_related("session__agent", "effect", "fn")
 
     def _get(self, pk: str) -> UndoEntry:
         entry = self.get_queryset().filter(pk=pk).first()
@@ -585,6 +608,30 @@ class UndoEntryViewSet(ViewSet):
         entry = self._get(pk)
         entry.resolve(actor=caller_of(request).label, note=data["note"])
         return self._answer(entry)
+
+    @extend_schema(request=ClaimSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"])
+    def claim(self, request: Request) -> Response:
+        """The agent side takes the agent-handler entries the walk is waiting on, each under a lease."""
+        data = validated(ClaimSerializer, request.data)
+        entries = claims.claim(request.user.agent, data["max"], data["lease_s"])
+        return Response({"entries": [claims.claim_dict(entry) for entry in entries]})
+
+    @extend_schema(request=ReportSerializer, responses={200: dict, 409: dict})
+    @action(detail=True, methods=["post"])
+    def report(self, request: Request, pk: str) -> Response:
+        """The claimer says how its attempt went; recorded like a worker's, and the walk goes on."""
+        data = validated(ReportSerializer, request.data)
+        entry = self._get_own(request, pk)
+        claims.report(entry, data["ok"], data["error"], data["permanent"], data["attempt"])
+        return Response({"undo_entry": entry.as_dict()})
+
+    def _get_own(self, request: Request, pk: str) -> UndoEntry:
+        entry = (UndoEntry.objects.filter(pk=pk, session__agent=request.user.agent)
+                 .select_related("fn", "session").first())
+        if entry is None:
+            raise NotFound("No such undo entry.", code="undo_entry_not_found")
+        return entry
 
     def _answer(self, entry: UndoEntry) -> Response:
         # The walk may already have run (eagerly, or on a fast worker): answer what the rows say now.

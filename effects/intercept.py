@@ -18,6 +18,7 @@ from effects.models import (
     Tool,
     UndoEntry,
     canonical_json,
+    needs_result,
     render_template,
     sha256,
 )
@@ -268,7 +269,7 @@ def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> 
         org_id=session.org_id, session=session, tool=tool, tool_name=tool.name, tier=tool.tier,
         step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
         args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
-        state=initial,
+        state=initial, undo_needs_result=tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
     )
     effect.announce(None, initial)  # after commit, off this thread: no query, no wait
     return effect
@@ -276,9 +277,11 @@ def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> 
 
 def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
     fn = tool.compensation_fn
+    # A template that reads the result is kept on the entry and rendered when the effect commits.
+    template = tool.compensation_args if effect.undo_needs_result else None
     return UndoEntry.objects.create(
         session=session, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
-        fn_version=fn.fn_version, args=render_template(tool.compensation_args, effect.args),
+        fn_version=fn.fn_version, args=render_template(tool.compensation_args, effect.args), args_template=template,
         max_retries=tool.max_retries, retry_backoff_ms=tool.retry_backoff_ms,
     )
 

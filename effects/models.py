@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from orgs.models import Agent, Organization
+from orgs.models import Agent, Event, Organization
 from undolog_site.errors import Conflict
 
 SEMVER = re.compile(
@@ -76,6 +76,62 @@ def render_template(template: Any, args: dict) -> Any:
     return template
 
 
+RESULT_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*)\}")
+ANY_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*|[A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class TemplateError(ValueError):
+    """A compensation template that cannot be rendered: the message says which placeholder and why."""
+
+
+def needs_result(template: Any) -> bool:
+    """Whether a compensation args template reads the committed result (`{result.number}`)."""
+    if isinstance(template, dict):
+        return any(needs_result(value) for value in template.values())
+    if isinstance(template, list):
+        return any(needs_result(value) for value in template)
+    return isinstance(template, str) and RESULT_PLACEHOLDER.search(template) is not None
+
+
+def _lookup(name: str, args: dict, result: Any) -> Any:
+    if name != "result" and not name.startswith("result."):
+        if name not in args:
+            raise TemplateError(f"{{{name}}}: the call has no argument {name!r}")
+        return args[name]
+    value = result
+    for part in name.split(".")[1:]:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise TemplateError(f"{{{name}}}: the result has no {part!r} there "
+                                f"(result: {canonical_json(result)[:200]})")
+    return value
+
+
+def render_with_result(template: Any, args: dict, result: Any) -> Any:
+    """Render a compensation template at commit, strictly: `{name}` from the call's args,
+    `{result.a.b}` a path into the committed result (list items by index). A placeholder that
+    names nothing raises TemplateError, so the entry is flagged now rather than at walk time.
+    A value that is exactly one placeholder keeps its JSON type."""
+    if isinstance(template, dict):
+        return {key: render_with_result(value, args, result) for key, value in template.items()}
+    if isinstance(template, list):
+        return [render_with_result(value, args, result) for value in template]
+    if not isinstance(template, str):
+        return template
+    whole = ANY_PLACEHOLDER.fullmatch(template)
+    if whole:
+        return _lookup(whole.group(1), args, result)
+
+    def text(match: re.Match) -> str:
+        value = _lookup(match.group(1), args, result)
+        return value if isinstance(value, str) else canonical_json(value)
+
+    return ANY_PLACEHOLDER.sub(text, template)
+
+
 def announce(instance: models.Model, what: str, from_state: str | None, to: str, *, name: str = "",
              session_id: Any = None, org_id: Any = None, step_index: int | None = None) -> None:
     """After commit, tell the org's open dashboards that a run moved: the one place every
@@ -121,13 +177,17 @@ class CompensationFunction(models.Model):
     class Handler(models.TextChoices):
         WEBHOOK = "webhook"
         PYTHON = "python"
+        AGENT = "agent"  # claimed and run by the agent side (the gateway, serve_compensations)
 
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="compensation_functions")
     fn_name = models.CharField(max_length=100)
     fn_version = models.CharField(max_length=64, validators=[validate_semver])
     handler = models.CharField(max_length=16, choices=Handler.choices)
-    target = models.CharField(max_length=500, help_text="HTTPS URL (webhook) or dotted path (python).")
+    target = models.CharField(max_length=500, blank=True,
+                              help_text="HTTPS URL (webhook) or dotted path (python); none for agent.")
     timeout_ms = models.PositiveIntegerField(default=5000)
+    claim_timeout_s = models.PositiveIntegerField(
+        default=3600, help_text="agent handler: how long an entry waits for a claimer before a person is called.")
     description = models.TextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -148,6 +208,8 @@ class CompensationFunction(models.Model):
                 raise ValidationError({"target": problem})
         elif self.handler == self.Handler.PYTHON and not is_dotted_path(self.target):
             raise ValidationError({"target": "A dotted path to a callable, like pkg.module.undo."})
+        elif self.handler == self.Handler.AGENT and self.target:
+            raise ValidationError({"target": "An agent handler has no target: the agent side claims its entries."})
 
     def in_use(self) -> bool:
         """Referenced by a tool or an undo entry: deleting it would orphan a compensation."""
@@ -173,7 +235,10 @@ class Tool(models.Model):
     # Compensable tools
     compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
                                         on_delete=models.RESTRICT, related_name="tools")
-    compensation_args = models.JSONField(default=dict, blank=True)
+    compensation_args = models.JSONField(
+        default=dict, blank=True,
+        help_text='The undo\'s args: "{name}" is a call argument, "{result.a.b}" a path into the committed result '
+                  '(rendered at commit; an entry it cannot render goes to a person at once).')
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
     # Irreversible tools
@@ -401,6 +466,8 @@ class Effect(models.Model):
     state = models.CharField(max_length=24, choices=State.choices, db_index=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Its undo entry's args read the result ({result.number}): rendered when the effect commits.
+    undo_needs_result = models.BooleanField(default=False, editable=False)
     created = models.DateTimeField(default=timezone.now, editable=False)
     updated = models.DateTimeField(default=timezone.now)
 
@@ -460,7 +527,13 @@ class Effect(models.Model):
                  org_id=_loaded(self, "org_id"), step_index=_loaded(self, "step_index"))
 
     def commit(self, result: Any, actor: str) -> None:
-        self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.COMMITTED, actor=actor, result=result)
+        """Committed with its result; an undo entry that reads the result is rendered now (one
+        transaction, so no walk ever sees a committed effect with an unrendered entry)."""
+        with transaction.atomic():
+            self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.COMMITTED, actor=actor,
+                      result=result)
+            if self.undo_needs_result:
+                UndoEntry.objects.get(effect_id=self.pk).render(self)
 
     def fail(self, error: str, actor: str) -> None:
         self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.FAILED, actor=actor,
@@ -480,6 +553,11 @@ class Effect(models.Model):
 
     def start_compensating(self, actor: str) -> None:
         self.move(self.STARTED, self.State.COMPENSATING, actor=actor)
+
+    def give_up_compensating(self, actor: str, reason: str) -> None:
+        """No compensation will run (its entry went to a person before any attempt)."""
+        self.move(self.STARTED | {self.State.COMPENSATING}, self.State.COMPENSATION_FAILED, actor=actor,
+                  reason=reason)
 
     def mark_compensated(self, actor: str, reason: str = "") -> None:
         self.move({self.State.COMPENSATING, self.State.COMPENSATION_FAILED}, self.State.COMPENSATED,
@@ -551,6 +629,9 @@ class UndoEntry(models.Model):
     fn_name = models.CharField(max_length=100, editable=False)
     fn_version = models.CharField(max_length=64, editable=False)
     args = models.JSONField(default=dict, editable=False)
+    args_template = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="The tool's template when it reads the result ({result.id}); args are rendered at commit.")
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
     state = models.CharField(max_length=24, choices=State.choices, default=State.PENDING, db_index=True)
@@ -562,6 +643,9 @@ class UndoEntry(models.Model):
     lease_until = models.DateTimeField(
         null=True, blank=True, db_index=True,
         help_text="A running claim not finished by then is stalled (its worker died); the sweep takes over.")
+    claim_deadline = models.DateTimeField(
+        null=True, blank=True,
+        help_text="agent handler: set when the walk reaches the entry; unclaimed by then, a person is called.")
     last_error = models.TextField(blank=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     resolution_note = models.TextField(blank=True)
@@ -628,6 +712,28 @@ class UndoEntry(models.Model):
         self.next_attempt_at = None
         return True
 
+    def render(self, effect: Effect) -> None:
+        """At commit: the args from the template and the result, or `compensation_failed` with
+        the reason when the template names something the result does not have."""
+        try:
+            args = render_with_result(self.args_template, effect.args, effect.result)
+        except TemplateError as exc:
+            return self.flag(f"compensation args cannot be rendered: {exc}")
+        self.move({self.State.PENDING}, self.State.PENDING, args=args)
+        return None
+
+    def flag(self, reason: str) -> bool:
+        """Sent to a person before any attempt: the compensation cannot run as registered."""
+        with transaction.atomic():
+            if not self.move({self.State.PENDING}, self.State.COMPENSATION_FAILED, last_error=reason[:10_000]):
+                return False
+            session = Session.objects.select_related("org", "agent").get(pk=self.session_id)
+            Event.record(session.org, "compensation.failed", agent=session.agent, session_id=session.id,
+                         undo_entry=str(self.id), effect=str(self.effect_id), step_index=self.step_index,
+                         fn_name=self.fn_name, fn_version=self.fn_version, attempts=self.attempts,
+                         error=reason[:2000], status_code=None)
+        return True
+
     def _move_or_conflict(self, allowed_from: set[str], to: str, **fields: Any) -> None:
         if not self.move(allowed_from, to, **fields):
             current = UndoEntry.objects.filter(pk=self.pk).values_list("state", flat=True).first()
@@ -671,6 +777,9 @@ class UndoEntry(models.Model):
             "max_retries": self.max_retries,
             "retry_backoff_ms": self.retry_backoff_ms,
             "next_attempt_at": _iso(self.next_attempt_at),
+            "args_template": self.args_template,
+            "claim_deadline": _iso(self.claim_deadline),
+            "lease_until": _iso(self.lease_until),
             "last_error": self.last_error or None,
             "last_status_code": self.last_status_code,
             "resolution_note": self.resolution_note or None,

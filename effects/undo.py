@@ -21,7 +21,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from effects import handlers
-from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry
+from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry, canonical_json
 from orgs.models import Event
 from undolog_site.errors import Conflict
 
@@ -72,11 +72,25 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
         entry.fn = functions[entry.fn_id]
         now = timezone.now()
         if entry.state == UndoEntry.State.COMPENSATION_FAILED:
-            return None  # waiting for a person (the session should say so too)
+            # Flagged at commit (its template could not be rendered): the session says so now.
+            _escalate_flagged(entry)
+            return None  # waiting for a person
         if entry.effect.state not in Effect.STARTED | {Effect.State.COMPENSATING}:
             if not entry.move({UndoEntry.State.PENDING}, UndoEntry.State.SKIPPED):
                 return None  # a claimed entry whose effect never started: leave it to the sweep
             continue
+        if (entry.args_template is not None and entry.state == UndoEntry.State.PENDING
+                and entry.effect.state in (Effect.State.EXECUTING, Effect.State.FAILED)):
+            # The call never committed (the run died mid-call): no result to render its undo from.
+            if not entry.flag(f"the call never committed ({entry.effect.state}): there is no result to render "
+                              f"the compensation args {canonical_json(entry.args_template)} from; "
+                              "undo it by hand"):
+                return None  # changed under us; the next walk looks again
+            continue
+        if entry.fn.handler == CompensationFunction.Handler.AGENT:
+            from effects import claims
+
+            return claims.wait_for_claimer(entry, now)  # the agent side runs it; the walk waits in order
         if entry.state == UndoEntry.State.RUNNING and entry.lease_until and entry.lease_until > now:
             return None
         if entry.state == UndoEntry.State.PENDING and entry.next_attempt_at and entry.next_attempt_at > now:
@@ -180,12 +194,26 @@ def _log(entry: UndoEntry, number: int, started: datetime, result: handlers.Resu
                                retry_delay_ms=retry_delay_ms)
 
 
-def _escalate(entry: UndoEntry, error: str, status_code: int | None = None) -> None:
+def _escalate_flagged(entry: UndoEntry) -> None:
+    with transaction.atomic():
+        effect = Effect.objects.select_for_update().get(pk=entry.effect_id)
+        if effect.state != Effect.State.COMPENSATION_FAILED:
+            effect.give_up_compensating(ACTOR, entry.last_error)
+        entry.effect = effect
+        _escalate(entry, entry.last_error, event=False)  # its event went out when it was flagged
+
+
+def _escalate(entry: UndoEntry, error: str, status_code: int | None = None, *, event: bool = True) -> None:
     """Effect and session `compensation_failed`, and the event that calls a person."""
-    entry.effect.mark_compensation_failed(ACTOR, reason=error)
+    if entry.effect.state == Effect.State.COMPENSATING:
+        entry.effect.mark_compensation_failed(ACTOR, reason=error)
+    elif entry.effect.state != Effect.State.COMPENSATION_FAILED:
+        entry.effect.give_up_compensating(ACTOR, reason=error)  # no attempt ever ran (agent side unclaimed)
     session = Session.objects.select_related("org", "agent").get(pk=entry.session_id)
     session.move({Session.State.COMPENSATING}, Session.State.COMPENSATION_FAILED, actor=ACTOR,
                  reason=f"{entry.fn_name}@{entry.fn_version} failed for step {entry.step_index}: {error}")
+    if not event:
+        return
     Event.record(session.org, "compensation.failed", agent=session.agent, session_id=session.id,
                  undo_entry=str(entry.id), effect=str(entry.effect_id), tool=entry.effect.tool_name,
                  step_index=entry.step_index, fn_name=entry.fn_name, fn_version=entry.fn_version,
@@ -214,11 +242,14 @@ def due_sessions(now: datetime | None = None, limit: int = 500) -> list[uuid.UUI
         top_state=Subquery(top.values("state")[:1]),
         top_due=Subquery(top.values("next_attempt_at")[:1]),
         top_lease=Subquery(top.values("lease_until")[:1]),
+        top_claim=Subquery(top.values("claim_deadline")[:1]),
     )
+    # An agent-side entry waiting for its claimer is not stalled: its walk looks again at the deadline.
+    not_waiting = Q(top_claim__isnull=True) | Q(top_claim__lte=now)
     due = sessions.filter(
         Q(top_state__isnull=True, updated__lt=quiet)
-        | Q(top_state=UndoEntry.State.PENDING, top_due__isnull=True, updated__lt=quiet)
-        | Q(top_state=UndoEntry.State.PENDING, top_due__lt=quiet)
+        | (Q(top_state=UndoEntry.State.PENDING, top_due__isnull=True, updated__lt=quiet) & not_waiting)
+        | (Q(top_state=UndoEntry.State.PENDING, top_due__lt=quiet) & not_waiting)
         | Q(top_state=UndoEntry.State.RUNNING, top_lease__lt=now)
     )
     return list(due.order_by("updated").values_list("pk", flat=True)[:limit])

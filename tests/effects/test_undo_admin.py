@@ -69,7 +69,8 @@ def test_it_shows_a_functions_recent_attempts(staff, stack):
 
 def add_form(acme, version: str) -> dict:
     return {"org": str(acme.org.pk), "fn_name": "undo_refund", "fn_version": version, "handler": "webhook",
-            "target": "https://hooks.example.com/refund", "timeout_ms": "5000", "description": ""}
+            "target": "https://hooks.example.com/refund", "timeout_ms": "5000", "claim_timeout_s": "3600",
+            "description": ""}
 
 
 @pytest.mark.parametrize("version", ["1.0", "v1.0.0", "01.0.0", "1.0.0.0", ""])

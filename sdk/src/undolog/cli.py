@@ -1,5 +1,6 @@
 """The ``undolog`` command.
 
+    undolog gateway [--config undolog-gateway.toml] [--http HOST:PORT]
     undolog mcp-import [--trusted] [--also NAME ...] [--cost-weight W]
                        [--safe-cost-weight W] [--dry-run] [--url URL] [--api-key KEY]
                        -- <command that starts an MCP server over stdio>
@@ -25,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours, command = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
     args = _parser().parse_args(ours)
+    if args.command == "gateway":
+        return _gateway(args)
     if args.command != "mcp-import":
         _parser().print_help()
         return 2
@@ -56,7 +59,32 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--dry-run", action="store_true", help="print the table, register nothing")
     mcp.add_argument("--url", help="server URL (default $UNDOLOG_URL)")
     mcp.add_argument("--api-key", help="agent key (default $UNDOLOG_API_KEY)")
+    gateway = sub.add_parser(
+        "gateway", help="serve MCP in front of other MCP servers, through undolog",
+        description="An MCP server that fronts the upstream MCP servers named in "
+                    "its config: every call is tiered, approved, budgeted and "
+                                         "undoable through undolog.")
+    gateway.add_argument("--config", default="undolog-gateway.toml", help="the gateway's TOML file")
+    gateway.add_argument("--http", metavar="HOST:PORT",
+                         help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     return parser
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    try:
+        from .gateway import ConfigError, run
+    except ImportError as exc:
+        print(f"undolog gateway needs the mcp package: pip install 'undolog[mcp]' ({exc})",
+              file=sys.stderr)
+        return 1
+    try:
+        run(args.config, args.http)
+    except (ConfigError, UndoLogError, ValueError, OSError) as exc:
+        print(f"undolog gateway: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 def _mcp_import(args: argparse.Namespace, command: list[str]) -> int:

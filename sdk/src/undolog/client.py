@@ -75,14 +75,26 @@ class UndoLogClient:
     async def aregister(self, *tools: Any) -> list[dict[str, Any]]:
         return (await self._http.asend(_register_call(tools))).get("tools", [])
 
-    def register_compensation(self, fn_name: str, fn_version: str, handler: str, target: str,
-                              timeout_ms: int = 5000) -> dict[str, Any]:
+    def register_compensation(self, fn_name: str, fn_version: str, handler: str, target: str = "",
+                              timeout_ms: int = 5000, claim_timeout_s: int | None = None
+                              ) -> dict[str, Any]:
         """Add a compensation function to the registry: ``POST /api/v1/compensations``.
 
-        ``handler`` is ``"webhook"`` (``target`` an https URL) or ``"python"`` (a
-        dotted path the worker imports).
+        ``handler`` is ``"webhook"`` (``target`` an https URL), ``"python"`` (a
+        dotted path the worker imports) or ``"agent"`` (no target: run by this side with
+        ``serve_compensations``; ``claim_timeout_s`` is how long an entry waits for it).
         """
-        return self._http.send(_compensation_call(fn_name, fn_version, handler, target, timeout_ms))
+        return self._http.send(_compensation_call(fn_name, fn_version, handler, target, timeout_ms,
+                                                  claim_timeout_s))
+
+    def serve_compensations(self, handlers: Mapping[str, Callable[..., Any]],
+                            **options: Any) -> int:
+        """Run the ``agent``-handler compensations of this agent's rolled-back runs here, where
+        the credentials are: claim, call ``handlers[fn_name](args)``, report. Blocks until
+        ``stop`` (a ``threading.Event``) is set; see ``undolog.compensations.serve``."""
+        from .compensations import serve
+
+        return serve(self._http, handlers, **options)
 
     async def aregister_compensation(self, fn_name: str, fn_version: str, handler: str,
                                      target: str, timeout_ms: int = 5000) -> dict[str, Any]:
@@ -154,12 +166,14 @@ def _flatten(tools: Iterable[Any]) -> Iterable[Any]:
 
 
 def _compensation_call(fn_name: str, fn_version: str, handler: str, target: str,
-                       timeout_ms: int) -> Call:
-    if handler not in ("webhook", "python"):
-        raise ValueError("handler must be 'webhook' or 'python'")
-    return Call("POST", "/api/v1/compensations", {
-        "fn_name": fn_name, "fn_version": fn_version, "handler": handler,
-        "target": target, "timeout_ms": timeout_ms})
+                       timeout_ms: int, claim_timeout_s: int | None = None) -> Call:
+    if handler not in ("webhook", "python", "agent"):
+        raise ValueError("handler must be 'webhook', 'python' or 'agent'")
+    body = {"fn_name": fn_name, "fn_version": fn_version, "handler": handler,
+            "target": target, "timeout_ms": timeout_ms}
+    if claim_timeout_s is not None:
+        body["claim_timeout_s"] = claim_timeout_s
+    return Call("POST", "/api/v1/compensations", body)
 
 
 def tool_specs(*tools: Any) -> list[ToolSpec]:

@@ -58,6 +58,7 @@ Flow = Generator[Op, Any, Any]
 _UNDONE = frozenset({"compensating", "compensated", "compensation_failed"})
 _COMPENSATION_OVER = frozenset({"compensated", "compensation_failed"})
 _NOTHING_TO_UNDO = frozenset({"completed", "halted"})
+MAX_SAFE_REPORT = 1000  # the server's limit on safe_calls per request
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,9 @@ class Session:
         self._safe.append({"tool": name, "step_index": next(self._steps), "args": args})
 
     def _drain_safe(self) -> list[dict[str, Any]]:
+        # At most what the server takes in one request; the rest rides on the next one.
         drained = []
-        while self._safe:
+        while self._safe and len(drained) < MAX_SAFE_REPORT:
             drained.append(self._safe.popleft())
         return drained
 

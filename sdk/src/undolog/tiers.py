@@ -28,6 +28,8 @@ _SEMVER = re.compile(
     r"(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$"
 )
 
+_RESULT_REF = re.compile(r"\{result(?:\.([A-Za-z0-9_.-]+))?\}")
+
 # MCP hint names on the wire (camelCase) and in mcp 2.x models (snake_case).
 HINTS = {
     "readOnlyHint": "read_only_hint",
@@ -52,8 +54,11 @@ class ToolTier(str, Enum):
 class CompensationDescriptor:
     """The undo of a compensable tool: a registered function and its args template.
 
-    ``args`` values may be templates such as ``"{to}"``; the server fills them
-    from the call's arguments before the tool runs.
+    ``args`` values may be templates: ``"{to}"`` is the call's argument ``to``, filled in
+    before the tool runs; ``"{result.number}"`` (any dotted path, list items by index) is
+    taken from the result the call committed, filled in at commit. A template the result
+    cannot fill sends the undo entry to a person at once (``compensation_failed``), and
+    an effect that never committed has no result: its entry goes to a person too.
     """
 
     fn_name: str
@@ -82,8 +87,12 @@ class CompensationDescriptor:
             raise ValueError("max_retries and retry_backoff_ms must not be negative")
 
     def placeholders(self) -> set[str]:
-        """Argument names the args template refers to."""
-        return set().union(*(template_fields(v) for v in _strings(self.args)))
+        """Argument names the args template refers to (``{result...}`` paths excluded)."""
+        return set().union(*(template_fields(v) for v in _strings(self.args))) - {"result"}
+
+    def result_paths(self) -> set[str]:
+        """Paths into the committed result the template reads: ``{result.a.b}`` -> "a.b"."""
+        return {m.group(1) or "" for v in _strings(self.args) for m in _RESULT_REF.finditer(v)}
 
     def to_dict(self) -> dict[str, Any]:
         return {

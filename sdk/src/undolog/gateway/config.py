@@ -1,0 +1,283 @@
+"""``undolog-gateway.toml``: the upstream MCP servers the gateway fronts, and what it knows
+about their tools that their own hints do not say.
+
+    [undolog]
+    url = "http://127.0.0.1:8000"        # default $UNDOLOG_URL
+    agent = "desktop"                    # default $UNDOLOG_AGENT; the key is $UNDOLOG_API_KEY
+    approval_wait_s = 60                 # a held call's wait before "awaits approval"
+
+    [servers.tracker]                    # a stdio server ...
+    command = ["python", "-m", "tracker"]
+    trusted = true                       # believe its readOnlyHint (read-only tools become SAFE)
+
+    [servers.docs]                       # ... or a streamable-HTTP one
+    url = "https://mcp.example.com/mcp"
+    headers = { Authorization = "Bearer ${DOCS_TOKEN}" }
+
+    [servers.tracker.tools.create_issue] # per-tool overrides
+    compensation = { tool = "close_issue", args = { number = "{result.number}" } }
+
+Strings in ``url``, ``headers``, ``env`` and ``command`` expand ``$VAR``/``${VAR}`` from the
+environment, so secrets stay out of the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..tiers import ApprovalSpec, CompensationDescriptor, ToolTier
+
+__all__ = [
+    "Compensation",
+    "GatewayConfig",
+    "ServerConfig",
+    "ToolOverride",
+    "load_config",
+    "parse_config",
+]
+
+SERVER_KEYS = {
+    "command",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "trusted",
+    "also",
+    "cost_weight",
+    "safe_cost_weight",
+    "tools",
+}
+TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description"}
+UNDOLOG_KEYS = {
+    "url",
+    "api_key",
+    "agent",
+    "approval_wait_s",
+    "progress_every_s",
+    "claim_poll_s",
+    "claim_lease_s",
+    "dashboard_url",
+    "state_file",
+}
+
+
+class ConfigError(ValueError):
+    """The gateway's TOML says something it cannot act on; the message says where."""
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """A tool's undo: another upstream tool (``tool``, run by the gateway where the upstream's
+    credentials are), or a function already in undolog's registry (``fn_name``)."""
+
+    args: Mapping[str, Any]
+    tool: str | None = None
+    server: str | None = None
+    fn_name: str | None = None
+    fn_version: str = "1.0.0"
+    max_retries: int = 3
+    retry_backoff_ms: int = 1000
+    claim_timeout_s: int = 3600
+
+    def descriptor(self, server: str) -> CompensationDescriptor:
+        return CompensationDescriptor(
+            self.function_name(server),
+            dict(self.args),
+            self.fn_version,
+            self.max_retries,
+            self.retry_backoff_ms,
+        )
+
+    def function_name(self, server: str) -> str:
+        """``mcp.<server>.<tool>`` for an upstream tool: the registry name the gateway serves."""
+        return self.fn_name or f"mcp.{self.server or server}.{self.tool}"
+
+
+@dataclass(frozen=True)
+class ToolOverride:
+    tier: ToolTier | None = None
+    cost_weight: float | None = None
+    approval: ApprovalSpec | None = None
+    compensation: Compensation | None = None
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    trusted: bool = False
+    also: tuple[str, ...] = ()
+    cost_weight: float = 1.0
+    safe_cost_weight: float = 1.0
+    tools: Mapping[str, ToolOverride] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    servers: tuple[ServerConfig, ...]
+    url: str | None = None
+    api_key: str | None = None
+    agent: str | None = None
+    approval_wait_s: float = 60.0
+    progress_every_s: float = 5.0
+    claim_poll_s: float = 1.0
+    claim_lease_s: int = 60
+    dashboard_url: str | None = None
+    state_file: Path | None = None
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError as exc:
+            raise ConfigError(
+                "reading the gateway's TOML needs Python 3.11+ or `pip install tomli`"
+            ) from exc
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_config(data, base=path.parent)
+
+
+def parse_config(data: Mapping[str, Any], base: Path | None = None) -> GatewayConfig:
+    undolog = dict(data.get("undolog") or {})
+    _no_unknown(undolog, UNDOLOG_KEYS, "[undolog]")
+    _no_unknown(data, {"undolog", "servers"}, "the file")
+    servers = tuple(_server(name, spec) for name, spec in (data.get("servers") or {}).items())
+    if not servers:
+        raise ConfigError(
+            "no [servers.<name>] table: the gateway needs at least one upstream MCP server"
+        )
+    state = undolog.get("state_file")
+    return GatewayConfig(
+        servers=servers,
+        url=_expand(undolog.get("url")),
+        api_key=_expand(undolog.get("api_key")),
+        agent=undolog.get("agent"),
+        approval_wait_s=float(undolog.get("approval_wait_s", 60)),
+        progress_every_s=float(undolog.get("progress_every_s", 5)),
+        claim_poll_s=float(undolog.get("claim_poll_s", 1.0)),
+        claim_lease_s=int(undolog.get("claim_lease_s", 60)),
+        dashboard_url=undolog.get("dashboard_url"),
+        state_file=(base or Path.cwd()) / state if state else None,
+    )
+
+
+def _server(name: str, spec: Mapping[str, Any]) -> ServerConfig:
+    where = f"[servers.{name}]"
+    _no_unknown(spec, SERVER_KEYS, where)
+    command, url = spec.get("command"), spec.get("url")
+    if bool(command) == bool(url):
+        raise ConfigError(
+            f"{where}: give exactly one of command (a stdio server) or url (streamable HTTP)"
+        )
+    if isinstance(command, str):
+        command = command.split()
+    tools = {
+        tool: _override(f"[servers.{name}.tools.{tool}]", body)
+        for tool, body in (spec.get("tools") or {}).items()
+    }
+    return ServerConfig(
+        name=name,
+        command=tuple(_expand(part) for part in command or ()),
+        env={k: _expand(v) for k, v in spec["env"].items()}
+        if spec.get("env") is not None
+        else None,
+        cwd=spec.get("cwd"),
+        url=_expand(url),
+        headers={k: _expand(v) for k, v in (spec.get("headers") or {}).items()},
+        trusted=bool(spec.get("trusted", False)),
+        also=tuple(spec.get("also") or ()),
+        cost_weight=float(spec.get("cost_weight", 1.0)),
+        safe_cost_weight=float(spec.get("safe_cost_weight", 1.0)),
+        tools=tools,
+    )
+
+
+def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
+    _no_unknown(body, TOOL_KEYS, where)
+    tier = body.get("tier")
+    try:
+        tier = ToolTier(tier) if tier else None
+        approval = (
+            ApprovalSpec(
+                reason=body["approval"]["reason"],
+                risk_tags=tuple(body["approval"].get("risk_tags", ())),
+                estimated_impact=body["approval"].get("estimated_impact"),
+                timeout_s=body["approval"].get("timeout_s"),
+                auto_approve_on_timeout=body["approval"].get("auto_approve_on_timeout"),
+            )
+            if body.get("approval")
+            else None
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    compensation = _compensation(where, body["compensation"]) if body.get("compensation") else None
+    if tier is ToolTier.COMPENSABLE and compensation is None:
+        raise ConfigError(
+            f"{where}: a compensable tool needs compensation = {{ tool = ..., args = ... }}"
+        )
+    return ToolOverride(
+        tier=tier,
+        cost_weight=body.get("cost_weight"),
+        approval=approval,
+        compensation=compensation,
+        description=body.get("description"),
+    )
+
+
+def _compensation(where: str, body: Mapping[str, Any]) -> Compensation:
+    _no_unknown(
+        body,
+        {
+            "tool",
+            "server",
+            "fn_name",
+            "fn_version",
+            "args",
+            "max_retries",
+            "retry_backoff_ms",
+            "claim_timeout_s",
+        },
+        f"{where} compensation",
+    )
+    if bool(body.get("tool")) == bool(body.get("fn_name")):
+        raise ConfigError(
+            f"{where}: compensation names exactly one of tool (an upstream tool the gateway "
+            "calls) or fn_name (a function in undolog's registry)"
+        )
+    return Compensation(
+        args=dict(body.get("args") or {}),
+        tool=body.get("tool"),
+        server=body.get("server"),
+        fn_name=body.get("fn_name"),
+        fn_version=body.get("fn_version", "1.0.0"),
+        max_retries=int(body.get("max_retries", 3)),
+        retry_backoff_ms=int(body.get("retry_backoff_ms", 1000)),
+        claim_timeout_s=int(body.get("claim_timeout_s", 3600)),
+    )
+
+
+def _no_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def _expand(value: Any) -> Any:
+    return os.path.expandvars(value) if isinstance(value, str) else value

@@ -1,0 +1,150 @@
+"""The gateway's TOML: what it accepts, and a clear error for what it cannot act on."""
+
+from __future__ import annotations
+
+import pytest
+
+from undolog import CompensationDescriptor, ToolTier
+from undolog.compensations import PermanentCompensationError, outcome
+from undolog.gateway import ConfigError, parse_config
+from undolog.gateway.core import tier_tool
+
+BASE = {"servers": {"tracker": {"command": ["python", "tracker.py"], "trusted": True}}}
+
+
+def with_tool(**tool) -> dict:
+    return {
+        "servers": {"tracker": {"command": "python tracker.py", "tools": {"create_issue": tool}}}
+    }
+
+
+class Tool:
+    def __init__(self, name: str, **annotations) -> None:
+        self.name, self.description, self.annotations = name, f"{name} things.", annotations or None
+
+
+def test_it_reads_servers_overrides_and_defaults(monkeypatch):
+    monkeypatch.setenv("DOCS_TOKEN", "s3cret")
+    config = parse_config(
+        {
+            "undolog": {"agent": "desktop", "approval_wait_s": 5},
+            "servers": {
+                "tracker": {
+                    "command": "python tracker.py",
+                    "tools": {
+                        "create_issue": {
+                            "compensation": {
+                                "tool": "close_issue",
+                                "args": {"number": "{result.number}"},
+                            }
+                        }
+                    },
+                },
+                "docs": {
+                    "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"},
+                },
+            },
+        }
+    )
+
+    tracker, docs = config.servers
+    assert tracker.command == ("python", "tracker.py") and not tracker.trusted
+    assert docs.headers == {"Authorization": "Bearer s3cret"}
+    assert (config.agent, config.approval_wait_s) == ("desktop", 5.0)
+    compensation = tracker.tools["create_issue"].compensation
+    assert compensation.function_name("tracker") == "mcp.tracker.close_issue"
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({}, "no [servers.<name>] table"),
+        ({"servers": {"t": {}}}, "exactly one of command"),
+        ({"servers": {"t": {"command": "x", "url": "http://y"}}}, "exactly one of command"),
+        ({"servers": {"t": {"command": "x", "trustd": True}}}, "unknown key(s) ['trustd']"),
+        (with_tool(tier="compensable"), "a compensable tool needs compensation"),
+        (with_tool(tier="sometimes"), "[servers.tracker.tools.create_issue]"),
+        (with_tool(compensation={"args": {}}), "exactly one of tool"),
+        (with_tool(approval={"risk_tags": []}), "[servers.tracker.tools.create_issue]"),
+    ],
+)
+def test_it_refuses_what_it_cannot_act_on(data, says):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert says in str(caught.value)
+
+
+def test_a_compensation_makes_a_tool_compensable_and_a_tier_override_wins():
+    server = parse_config(
+        with_tool(compensation={"tool": "close_issue", "args": {"n": "{result.n}"}})
+    ).servers[0]
+
+    spec, _ = tier_tool(server, Tool("create_issue", destructiveHint=False), "create_issue")
+    forced, why = tier_tool(
+        parse_config(with_tool(tier="irreversible")).servers[0], Tool("create_issue"), "x"
+    )
+
+    assert (
+        spec.tier is ToolTier.COMPENSABLE and spec.compensation.fn_name == "mcp.tracker.close_issue"
+    )
+    assert forced.tier is ToolTier.IRREVERSIBLE and forced.name == "x" and forced.approval.reason
+    assert "config" in why
+
+
+def test_an_untrusted_read_only_hint_earns_nothing():
+    server = parse_config({"servers": {"t": {"command": "x"}}}).servers[0]
+    trusted = parse_config(BASE).servers[0]
+
+    assert (
+        tier_tool(server, Tool("list", readOnlyHint=True), "list")[0].tier is ToolTier.IRREVERSIBLE
+    )
+    assert tier_tool(trusted, Tool("list", readOnlyHint=True), "list")[0].tier is ToolTier.SAFE
+
+
+def test_result_paths_are_not_argument_names():
+    descriptor = CompensationDescriptor.new(
+        "close", {"n": "{result.number}", "r": "{repo}", "all": "{result}"}
+    )
+
+    assert descriptor.placeholders() == {"repo"}
+    assert descriptor.result_paths() == {"number", ""}
+
+
+def test_a_handler_outcome_says_ok_retry_or_permanent():
+    assert outcome(None) == (True, "", False)
+    assert outcome(ConnectionError("down")) == (False, "ConnectionError: down", False)
+    assert outcome(PermanentCompensationError("gone"))[2] is True
+
+
+class RecordingHttp:
+    """Stands in for the server: records what the gateway registers."""
+
+    base_url = "http://undolog.invalid"
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def asend(self, call):
+        self.sent.append(call)
+        return {}
+
+
+def test_tools_two_servers_share_are_prefixed_with_their_server_name():
+    import asyncio
+
+    from undolog.gateway import Gateway
+
+    config = parse_config({"undolog": {"agent": "desktop"}, "servers": {
+        "github": {"command": "gh-mcp"}, "gitlab": {"command": "gl-mcp"}}})
+    http = RecordingHttp()
+    gateway = Gateway(config, http=http)
+    gateway.listed = {"github": [Tool("create_issue"), Tool("star")],
+                      "gitlab": [Tool("create_issue")]}
+
+    asyncio.run(gateway._rebuild())
+
+    assert set(gateway.routes) == {"github_create_issue", "gitlab_create_issue", "star"}
+    assert gateway.routes["gitlab_create_issue"].upstream_name == "create_issue"
+    registered = [tool["name"] for tool in http.sent[-1].body["tools"]]
+    assert sorted(registered) == ["github_create_issue", "gitlab_create_issue", "star"]
