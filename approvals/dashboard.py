@@ -94,7 +94,7 @@ QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a></td>'
-             '<td class="agent">{agent}</td><td class="tags">{tags}</td>'
+             '<td class="agent" data-label="agent">{agent}</td><td class="tags">{tags}</td>'
              '<td class="impact">{impact}</td><td class="reasoning">{reasoning}</td></tr>')
 HIDDEN = mark_safe(" hidden")
 
