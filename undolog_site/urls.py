@@ -10,8 +10,8 @@ from undolog_site import errors, health
 urlpatterns = [
     path("api/v1/", include("effects.urls")),
     path("api/v1/", include("approvals.urls")),
+    path("api/v1/", include("orgs.urls")),  # before budgets: it adds POST to budgets' `agents`
     path("api/v1/", include("budgets.urls")),
-    path("api/v1/", include("orgs.urls")),
     re_path(r"^api/v1/", errors.api_not_found),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
