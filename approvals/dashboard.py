@@ -28,7 +28,7 @@ from approvals.models import ApprovalRequest, OrgWebhook
 from budgets import sizing
 from budgets.models import BudgetPolicy, DayCounter, Limits, PolicyChange, Refusal
 from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoAttempt, UndoEntry
-from orgs.models import Agent, Membership, Organization
+from orgs.models import Agent, AgentKey, Membership, Organization
 
 QUEUE_LIMIT = 500
 SESSIONS_PAGE = 50
@@ -403,13 +403,14 @@ DAY_COUNTERS = (("tool calls", "tool_calls", "max_tool_calls_per_day"),
                 ("cost", "cost", "max_cost_per_day"))
 
 
-def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[str, Any]:
+def agents_context(org: Organization, now: dt.datetime | None = None, *, with_keys: bool = False) -> dict[str, Any]:
     """Every agent with its state, today's counters, its limits and 7 days of runs against the cap.
 
     A fixed number of queries whatever the number of agents: the agents, the runs per day
     (grouped in the database, so 10,000 runs are one query, not 10,000 rows), the budget
     policies, today's counters and the ended runs the suggestion sizes from; one more while an
-    agent's own switch is on (the cap it had before, which turning the switch off restores).
+    agent's own switch is on (the cap it had before, which turning the switch off restores), and
+    one more for admins (`with_keys`: every agent's keys, which only admins manage).
     """
     now = now or timezone.now()
     agents = list(Agent.objects.for_org(org).order_by("name"))
@@ -417,6 +418,10 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
     days = [(now - timedelta(days=n)).astimezone(tz).date() for n in range(CHART_DAYS - 1, -1, -1)]
     per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
     budget, incident_on = _budgets_of(org, now)
+    keys: dict[Any, list[AgentKey]] = defaultdict(list)
+    if with_keys:  # admins only: one query for every agent's keys, newest first
+        for key in AgentKey.objects.filter(agent__org=org).order_by("-created", "-id"):
+            keys[key.agent_id].append(key)
     rows = []
     for agent in agents:
         mine = per_day.get(agent.pk, {})
@@ -425,6 +430,7 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
                                  "max_irreversible": mine.get(day, {}).get("max_irreversible") or 0,
                                  "max_cost": _number(mine.get(day, {}).get("max_cost")) or 0} for day in days]}
         row.update(budget(agent))
+        row["keys"] = keys[agent.pk]
         rows.append(row)
     return {"agents": rows, "incident_on": incident_on}
 

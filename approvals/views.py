@@ -122,7 +122,7 @@ def session_detail(request: HttpRequest, membership: Membership, pk) -> HttpResp
 @require_GET
 @member_page
 def agents(request: HttpRequest, membership: Membership) -> HttpResponse:
-    context = dashboard.agents_context(membership.org)
+    context = dashboard.agents_context(membership.org, with_keys=membership.has_role(Membership.Role.ADMIN))
     for row in context["agents"]:
         row["charts"] = charts.runs_against_cap(row["runs_per_day"], row["caps"])
     return page(request, membership, "approvals/agents.html", context, partial="approvals/_agents_live.html")

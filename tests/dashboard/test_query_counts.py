@@ -121,3 +121,17 @@ def test_the_settings_page_takes_a_fixed_number_of_queries(acme, busy):
     n, statements = count(page_client(acme, "admin"), "/settings/")
 
     assert n <= FRAME + 1, statements  # the webhooks
+
+
+def test_the_agents_page_reads_every_agents_keys_in_one_query_for_admins(acme, busy):
+    from orgs.models import AgentKey
+
+    client = page_client(acme, "admin")
+    few, _ = count(client, "/agents/")
+    for agent in Agent.objects.for_org(acme.org):
+        AgentKey.issue(agent)
+        AgentKey.issue(agent)
+
+    many, statements = count(client, "/agents/")
+
+    assert many == few == FRAME + 5 + 1, statements  # the keys of all agents, one query

@@ -1,10 +1,14 @@
-"""The dashboard on a phone (390×844) and a desktop (1440×900): the queue, an approval and a
-session page lay out within the window (no sideways scrolling), the dark header spans the
-width with every nav link on screen, and the actions a reviewer needs are visible. Leaves
+"""The reviewer's daily tools in a real headless Chromium (one per module), against the real
+ASGI server: the dashboard on a phone and a desktop, agents and keys, triage of the queue.
+
+On a phone (390×844) and a desktop (1440×900) the queue, an approval and a session page lay
+out within the window (no sideways scrolling), the dark header spans the width with every nav
+link on screen, and the actions a reviewer needs are visible. Leaves
 var/responsive-<page>-<size>.png for people to look at."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.conftest import intercept, open_session
@@ -28,7 +32,7 @@ FITS = """(selectors) => {
     for (const node of nodes) {
       const box = node.getBoundingClientRect();
       if (!box.width || !box.height) out.push(`${selector} not shown`);
-      else if (box.left < 0 || box.right > width + 0.5) out.push(`${selector} outside the window (${box.left}..${box.right})`);
+      else if (box.left < 0 || box.right > width + 0.5) out.push(`${selector} outside (${box.left}..${box.right})`);
     }
   }
   return out;
@@ -68,3 +72,45 @@ def test_it_fits_the_queue_an_approval_and_a_session_in_the_window(acme, server,
     page.goto("/")
     cell = page.eval_on_selector("tr.queue-row td.tool", "td => getComputedStyle(td).display")
     assert cell == ("block" if size == "phone" else "table-cell")  # rows are cards on a phone
+
+
+# ---------------------------------------------------------------- agents and keys
+
+
+def agent_call(server: str, key: str) -> int:
+    """What an agent gets for opening a run with `key`."""
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {key}"}, timeout=10) as agent:
+        return agent.post("/api/v1/sessions", json={"agent": "billing"}).status_code
+
+
+def test_an_admin_creates_an_agent_and_issues_rotates_and_revokes_its_keys(acme, server, new_page):
+    page = new_page()
+    log_in(page, acme.admin.user)
+    page.goto("/agents/")
+
+    page.fill("#agent-name", "billing")
+    page.click("#agent-form button")
+    card = page.locator('article[data-agent="billing"]')
+    card.locator('[data-action="issue-key"]').click()
+    page.wait_for_selector("#new-key-value:text-matches('^ul_')")
+    first = page.locator("#new-key-value").inner_text()
+    card.locator("tr.key-row").wait_for()
+    first_status = agent_call(server, first)
+    card.locator('[data-action="rotate-key"]').click()
+    page.click("#confirm-ok")
+    page.wait_for_function(f"document.getElementById('new-key-value').textContent !== {first!r}")
+    second = page.locator("#new-key-value").inner_text()
+    grace = page.locator("#new-key-grace").inner_text()
+    card.locator('tr.key-row[data-state="rotating"]').wait_for()
+    during_grace = agent_call(server, first), agent_call(server, second)
+    card.locator('tr.key-row[data-state="rotating"] [data-action="revoke-key"]').click()
+    page.click("#confirm-ok")
+    card.locator('tr.key-row[data-state="revoked"]').wait_for()
+
+    assert first.startswith("ul_") and second.startswith("ul_") and first != second
+    assert first_status == 201
+    assert "keeps working until" in grace
+    assert during_grace == (201, 201)
+    assert (agent_call(server, first), agent_call(server, second)) == (401, 201)
+    assert card.locator("tr.key-row").count() == 2
+    assert first not in page.content().replace(page.locator("#new-key-value").inner_text(), "")
