@@ -88,10 +88,11 @@ def pick_org(request: HttpRequest) -> HttpResponse:
 @member_page
 def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
     org = membership.org
-    approvals = dashboard.pending_queue(org)
+    listing = dashboard.queue_listing(org, request.GET)
     stats = dashboard.queue_stats(org)
     return page(request, membership, "approvals/queue.html", {
-        "approvals": approvals, "stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
+        "listing": listing, "approvals": listing.pending, "stats": stats,
+        "decided_chart": charts.decisions_per_day(stats["per_day"]),
         "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
     }, nav_pending=stats["pending"])
 

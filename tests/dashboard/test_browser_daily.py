@@ -114,3 +114,36 @@ def test_an_admin_creates_an_agent_and_issues_rotates_and_revokes_its_keys(acme,
     assert (agent_call(server, first), agent_call(server, second)) == (401, 201)
     assert card.locator("tr.key-row").count() == 2
     assert first not in page.content().replace(page.locator("#new-key-value").inner_text(), "")
+
+
+# ---------------------------------------------------------------- triage
+
+
+def test_a_reviewer_decides_sees_the_history_live_goes_to_the_next_and_finds_it_under_decided(acme, server, new_page):
+    first = hold(acme, {"account_id": "acct-1"})["approval"]["id"]
+    second = hold(acme, {"account_id": "acct-2"})["approval"]["id"]
+    page = new_page()
+    log_in(page, acme.reviewer.user)
+    page.select_option("#queue-filters select[name=tag]", "data-loss")
+    page.click("#queue-filters button[type=submit]")
+    page.wait_for_url("**/?*tag=data-loss*")
+    filtered_rows = page.locator("tr.queue-row").count()
+    page.goto(f"/approvals/{first}/")
+    page.evaluate("window.notReloaded = true")
+    waiting = page.inner_text("#approval-history")
+
+    page.click("#approve-button")
+    page.wait_for_selector("#approval-history >> text=approved")
+    history = page.inner_text("#approval-history")
+    not_reloaded = page.evaluate("window.notReloaded === true")
+    page.keyboard.press("n")
+    page.wait_for_url(f"**/approvals/{second}/")
+    on_next = page.locator("#approve-button").is_visible()
+    page.goto("/?tab=decided")
+    decided = page.locator(f'tr.decided-row[data-id="{first}"]').inner_text()
+
+    assert filtered_rows == 2
+    assert waiting.startswith("Waiting since") and waiting.endswith("UTC.")
+    assert "pending → approved by acme-reviewer" in history and not_reloaded
+    assert on_next
+    assert "approved" in decided and "acme-reviewer" in decided

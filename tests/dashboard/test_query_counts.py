@@ -45,14 +45,34 @@ def test_the_queue_takes_a_fixed_number_of_queries(acme, busy):
 
     assert many == few, statements
     # the pending rows; approvals' 7-day stats: pending and overdue counts (which the nav badge
-    # reuses, so the frame's own count is skipped), the 7 days' decisions
-    assert many == FRAME - 1 + 1 + 2, statements
+    # reuses, so the frame counts only the compensation failures), the 7 days' decisions; the
+    # agents and the irreversible tools (with their risk tags) for the filters
+    assert many == FRAME - 1 + 1 + 1 + 2 + 2, statements
+
+
+def test_the_decided_tab_filtered_and_paged_takes_a_fixed_number_of_queries(acme, busy):
+    for held in busy:
+        acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")
+    client = page_client(acme)
+    url = "/?tab=decided&agent=cleanup&tool=delete_account&tag=data-loss&age=5m"
+
+    n, statements = count(client, url)
+
+    assert n == FRAME - 1 + 1 + 2 + 2 + 1, statements  # as the queue, with the decided page for the rows
 
 
 def test_an_approval_takes_a_fixed_number_of_queries(acme, busy):
     n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
 
     assert n == FRAME + 2, statements  # the request (with session, agent, effect), its history
+
+
+def test_a_decided_approval_adds_one_query_for_the_next_pending(acme, busy):
+    acme.reviewer.post(f"/api/v1/approvals/{busy[0]['approval']['id']}/approve", {}, format="json")
+
+    n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
+
+    assert n == FRAME + 3, statements
 
 
 def test_the_sessions_list_takes_a_fixed_number_of_queries(acme, busy):
