@@ -26,8 +26,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from approvals.api import approval_stats
 from approvals.models import ApprovalRequest, OrgWebhook
-from budgets import sizing
-from budgets.models import BudgetPolicy, DayCounter, Limits, PolicyChange, Refusal
+from budgets import day_usage, sizing
+from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects.models import (
     Effect,
     EffectTransition,
@@ -570,7 +570,7 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
     tz = org.tz
     days = [(now - timedelta(days=n)).astimezone(tz).date() for n in range(CHART_DAYS - 1, -1, -1)]
     per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
-    budget, incident_on = _budgets_of(org, now)
+    budget, incident_on = _budgets_of(org, now, [agent.pk for agent in agents])
     keys: dict[Any, list[AgentKey]] = defaultdict(list)
     if with_keys:  # admins only: one query for every agent's keys, newest first
         for key in AgentKey.objects.filter(agent__org=org).order_by("-created", "-id"):
@@ -598,15 +598,18 @@ def _runs_per_day(org: Organization, since: dt.datetime) -> dict[Any, dict[dt.da
     return grouped
 
 
-def _budgets_of(org: Organization, now: dt.datetime):
-    """A function giving each agent's budget part of the page, from three queries for all agents
-    (four while an agent's own switch is on), and whether the org's incident switch is on."""
+def _budgets_of(org: Organization, now: dt.datetime, agent_ids: list[Any]):
+    """A function giving each agent's budget part of the page, from six queries for all agents
+    (seven while an agent's own switch is on), and whether the org's incident switch is on.
+    Today's usage is true with or without a daily limit (`budgets.day_usage`: the day counters,
+    and the effect log's calls of the day, weighted)."""
     policies = {policy.agent_id: policy for policy in BudgetPolicy.objects.filter(org=org)}
     default = policies.get(None)
-    today = {row.agent_id: row for row in DayCounter.objects.filter(org=org, day=org.today())}
+    today = day_usage.today(org, agent_ids)
     healthy: dict[Any, dict[str, list]] = defaultdict(lambda: {"irreversible_calls": [], "cost": []})
     # The budgets app's suggestion (sizing.suggest), for all agents at once: just above the p95
-    # of the runs that ended in the window completed and without a budget violation.
+    # of the runs that ended in the window completed and without a budget violation, and never
+    # below the largest of them.
     for agent_id, irreversible, cost in (
             Session.objects.filter(org=org, created__gte=now - timedelta(days=sizing.WINDOW_DAYS),
                                    state=Session.State.COMPLETED, violation__isnull=True)
@@ -622,8 +625,7 @@ def _budgets_of(org: Organization, now: dt.datetime):
         policy = policies.get(agent.pk) or default
         limits = {name: getattr(policy, name) if policy else None for name, _, _ in LIMIT_LABELS}
         used = today.get(agent.pk)
-        suggested = {counter: _number(sizing.just_above(sizing.percentile(sorted(values), 95)))
-                     for counter, values in healthy[agent.pk].items()}
+        suggested = {counter: _number(sizing.suggested_cap(values)) for counter, values in healthy[agent.pk].items()}
         irreversible_cap = 0 if org_incident else limits["max_irreversible_per_run"]
         return {
             "caps": {"irreversible": {"current": irreversible_cap, "suggested": suggested.get("irreversible_calls")},
