@@ -133,3 +133,13 @@ def test_wrong_methods_are_405(acme):
                acme.admin.put(f"/api/v1/agents/cleanup/keys/{prefix}/revoke", {}, format="json")]
 
     assert [(a.status_code, a.json()["error"]) for a in answers] == [(405, "method_not_allowed")] * 3
+
+
+def test_a_key_says_which_agent_so_a_session_needs_no_agent_name(acme):
+    implied = acme.api.post("/api/v1/sessions", {"metadata": {"ticket": 7}}, format="json")
+    named = acme.api.post("/api/v1/sessions", {"agent": "cleanup"}, format="json")
+    wrong = acme.api.post("/api/v1/sessions", {"agent": "billing"}, format="json")
+
+    assert (implied.status_code, implied.json()["agent"], implied.json()["metadata"]) == (201, "cleanup", {"ticket": 7})
+    assert named.status_code == 201
+    assert (wrong.status_code, wrong.json()["error"]) == (404, "agent_not_found")
