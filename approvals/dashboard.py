@@ -8,7 +8,9 @@ runs a query per row.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import zoneinfo
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -25,7 +27,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals.api import approval_stats
-from approvals.models import ApprovalRequest, OrgWebhook
+from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects.models import (
@@ -69,7 +71,7 @@ def risk_class(tag: str) -> str:
 
 
 def roles(membership: Membership) -> dict[str, Any]:
-    return {"role": membership.role,
+    return {"role": membership.role, "org_tz": membership.org.time_zone,
             "can_decide": membership.has_role(Membership.Role.REVIEWER),
             "is_admin": membership.has_role(Membership.Role.ADMIN)}
 
@@ -677,7 +679,26 @@ def compensation_failures(org: Organization) -> list[UndoEntry]:
 # ---------------------------------------------------------------- settings
 
 
+DURATION_UNITS = ((1, "seconds"), (60, "minutes"), (3600, "hours"), (86400, "days"))
+# session.updated is a nudge for open pages, never sent to webhooks.
+WEBHOOK_EVENTS = [kind for kind in EVENT_KINDS if kind != "session.updated"]
+
+
+def duration(seconds: int) -> dict[str, int]:
+    """The largest unit that shows the duration exactly: 900 s is 15 minutes, 90 s stays seconds."""
+    unit = next(unit for unit, _ in reversed(DURATION_UNITS) if seconds % unit == 0)
+    return {"amount": seconds // unit, "unit": unit}
+
+
 def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
     """The org's settings; its webhooks for admins only (their URLs are sensitive). One query."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
-    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks}
+    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks,
+            "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
+            "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
+
+
+@functools.cache
+def time_zones() -> list[str]:
+    """Every zone the server knows (what the settings API accepts), sorted; read once."""
+    return sorted(zoneinfo.available_timezones())

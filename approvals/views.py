@@ -15,6 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -60,7 +61,9 @@ def page(request: HttpRequest, membership: Membership, template: str, context: d
     """Render a page with what every page shows (nav count, incident banner, role flags), or
     with `?part=live` only the fragment the page's script swaps in on a live update."""
     if partial and request.GET.get("part") == "live":
-        return render(request, partial, {**context, **dashboard.roles(membership)})
+        # The whole page renders inside {% timezone org.time_zone %} (base.html); so must its fragment.
+        with timezone.override(membership.org.tz):
+            return render(request, partial, {**context, **dashboard.roles(membership)})
     return render(request, template, {**dashboard.frame(membership, nav_pending), **context})
 
 

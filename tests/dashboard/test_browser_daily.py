@@ -147,3 +147,27 @@ def test_a_reviewer_decides_sees_the_history_live_goes_to_the_next_and_finds_it_
     assert "pending → approved by acme-reviewer" in history and not_reloaded
     assert on_next
     assert "approved" in decided and "acme-reviewer" in decided
+
+
+# ---------------------------------------------------------------- the admin
+
+
+def test_staff_reach_the_undolog_admin_from_the_dashboard_and_its_lists_fit(acme, server, new_page):
+    hold(acme, reasoning="A long reason " * 20)
+    user = acme.admin.user
+    user.is_staff = user.is_superuser = True
+    user.save()
+    page = new_page()
+    log_in(page, user)
+
+    page.click("header .admin-link")
+    page.wait_for_url("**/admin/")
+    title = page.title()
+    page.goto("/admin/effects/effect/")
+    fits = page.eval_on_selector("#changelist .results", "el => el.scrollWidth <= el.clientWidth")
+    page.screenshot(path=str(SCREENSHOTS / "admin-effects-desktop.png"))
+    back = page.get_attribute("#user-tools a[href='/']", "href")
+
+    assert title.endswith("undolog admin")
+    assert fits
+    assert back == "/"

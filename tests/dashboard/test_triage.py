@@ -139,3 +139,19 @@ def test_a_decided_request_links_the_next_pending_one_most_urgent_first(acme, mi
     assert f'id="next-pending" href="/approvals/{mixed["wire"]}/"' in first
     assert 'id="next-pending"' not in last and "Nothing else is waiting" in last
     assert "approval-history-fresh" in pending  # the live part carries the History card's new rows
+
+
+def test_times_carry_the_orgs_time_zone_in_pages_and_live_parts(acme, tools):
+    acme.org.time_zone = "Asia/Tokyo"
+    acme.org.save()
+    held = hold(acme)
+    client = page_client(acme)
+
+    page = client.get(f"/sessions/{held['session']}/").content.decode()
+    live = client.get(f"/sessions/{held['session']}/?part=live").content.decode()
+    approval = client.get(f"/approvals/{held['approval']['id']}/?part=live").content.decode()
+
+    assert re.search(r"started \w{3} \d\d \d\d:\d\d:\d\d JST", page)
+    assert re.search(r"started \w{3} \d\d \d\d:\d\d:\d\d JST", live)  # the fragment too, not UTC
+    assert "times in Asia/Tokyo" in live
+    assert re.search(r"\(by \w{3} \d\d:\d\d:\d\d JST;", approval)
