@@ -151,13 +151,12 @@ def _digest(secret: str) -> str:
 # How long a rotated key keeps working beside its successor: long enough to roll the new key
 # out to every process of the agent (a deploy, a nightly job's next run), short enough that a
 # key rotated because it leaked stops working the same day. Revoke instead of rotating to cut
-# a key off at once. Overridable with UNDOLOG_KEY_ROTATION_GRACE_S.
+# a key off at once. The default of UNDOLOG_KEY_ROTATION_GRACE_S (settings).
 ROTATION_GRACE = timedelta(hours=24)
 
 
 def rotation_grace() -> timedelta:
-    seconds = getattr(settings, "UNDOLOG_KEY_ROTATION_GRACE_S", None)
-    return ROTATION_GRACE if seconds is None else timedelta(seconds=seconds)
+    return timedelta(seconds=getattr(settings, "UNDOLOG_KEY_ROTATION_GRACE_S", ROTATION_GRACE.total_seconds()))
 
 
 class AgentKeyQuerySet(models.QuerySet):

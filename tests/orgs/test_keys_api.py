@@ -143,3 +143,13 @@ def test_a_key_says_which_agent_so_a_session_needs_no_agent_name(acme):
     assert (implied.status_code, implied.json()["agent"], implied.json()["metadata"]) == (201, "cleanup", {"ticket": 7})
     assert named.status_code == 201
     assert (wrong.status_code, wrong.json()["error"]) == (404, "agent_not_found")
+
+
+def test_the_grace_period_is_a_setting(acme, settings):
+    settings.UNDOLOG_KEY_ROTATION_GRACE_S = 600
+    old = AgentKey.objects.get(agent=acme.agent)
+
+    acme.admin.post(f"/api/v1/agents/cleanup/keys/{old.prefix}/rotate")
+
+    left = AgentKey.objects.get(pk=old.pk).expires_at - timezone.now()
+    assert timedelta(minutes=9) < left <= timedelta(minutes=10)
