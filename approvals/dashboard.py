@@ -214,9 +214,11 @@ def _filtered(rows: QuerySet[ApprovalRequest], filters: dict[str, str]) -> Query
         rows = rows.filter(tool_name=filters["tool"])
     if filters.get("tag"):
         # JSON containment is not portable (SQLite has no `contains` on JSON): match the quoted
-        # tag in the list's JSON text, which both databases write as ["tag", ...].
+        # tag in the list's JSON text, which both databases write as ["tag", ...] (non-ASCII
+        # escaped as \uXXXX on SQLite, raw in PostgreSQL's jsonb).
+        tag = filters["tag"]
         rows = rows.annotate(tags_text=Cast("risk_tags", output_field=TextField())).filter(
-            tags_text__contains=json.dumps(filters["tag"]))
+            Q(tags_text__contains=json.dumps(tag)) | Q(tags_text__contains=json.dumps(tag, ensure_ascii=False)))
     if filters.get("age") in AGE_CHOICES:
         rows = rows.filter(created__lte=timezone.now() - AGE_CHOICES[filters["age"]])
     return rows

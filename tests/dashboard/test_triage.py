@@ -155,3 +155,13 @@ def test_times_carry_the_orgs_time_zone_in_pages_and_live_parts(acme, tools):
     assert re.search(r"started \w{3} \d\d \d\d:\d\d:\d\d JST", live)  # the fragment too, not UTC
     assert "times in Asia/Tokyo" in live
     assert re.search(r"\(by \w{3} \d\d:\d\d:\d\d JST;", approval)
+
+
+def test_it_filters_by_a_risk_tag_with_accents(acme, tools):
+    acme.api.post("/api/v1/tools", {"tools": [{**OTHER_TOOL, "approval": {"reason": "x", "risk_tags": ["données"]}}]},
+                  format="json")
+    session = open_session(acme)
+    wire = intercept(acme, session, "wire_money", {"amount": 1}, 1).json()["approval"]["id"]
+    hold(acme)
+
+    assert ids(page_client(acme).get("/?tag=données")) == {wire}
