@@ -98,8 +98,11 @@ def test_make_demo_finds_make_run_on_its_port_and_keeps_to_an_org_of_its_own():
     var_dir = Path(settings.VAR_DIR) / f"test-make-run-{os.getpid()}"
     shutil.rmtree(var_dir, ignore_errors=True)
     port = free_port()
+    # Not the test run's database or broker: `make test DATABASE_URL=…` hands its variables to
+    # every make below it through MAKEFLAGS, so those go too.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("UNDOLOG_") and k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+           if not k.startswith("UNDOLOG_") and k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE",
+                                                          "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env.update(UNDOLOG_VAR_DIR=str(var_dir), PORT=str(port))
     var_dir.mkdir(parents=True)
     with (var_dir / "make-run.log").open("wb") as log:
