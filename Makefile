@@ -40,8 +40,9 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+# Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)
-	$(PY) -m sdk.demo $(DEMO_ARGS)
+	PORT=$(PORT) $(PY) -m sdk.demo $(DEMO_ARGS)
 
 clean:
 	rm -rf var/test-* .pytest_cache

@@ -8,30 +8,44 @@ runs a query per row.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import zoneinfo
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from html import escape
 from typing import Any
+from urllib.parse import urlencode
 
-from django.db.models import Count, Max, Q, QuerySet, TextField
-from django.db.models.functions import Cast, Substr, TruncDate
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast, Coalesce, Substr, TruncDate
 from django.http import QueryDict
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
 from approvals.api import approval_stats
-from approvals.models import ApprovalRequest, OrgWebhook
-from budgets import sizing
-from budgets.models import BudgetPolicy, DayCounter, Limits, PolicyChange, Refusal
+from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from budgets import day_usage, sizing
+from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects import claims
-from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoAttempt, UndoEntry
-from orgs.models import Agent, Membership, Organization
+from effects.models import (
+    Effect,
+    EffectTransition,
+    SafeCall,
+    Session,
+    SessionTransition,
+    Tier,
+    Tool,
+    UndoAttempt,
+    UndoEntry,
+)
+from orgs.models import Agent, AgentKey, Membership, Organization
 
-QUEUE_LIMIT = 500
+QUEUE_LIMIT = 200  # pending requests a page
+DECIDED_PAGE = 50
 SESSIONS_PAGE = 50
 TIMELINE_LIMIT = 1000
 CHART_DAYS = 7
@@ -58,21 +72,34 @@ def risk_class(tag: str) -> str:
 
 
 def roles(membership: Membership) -> dict[str, Any]:
-    return {"role": membership.role,
+    return {"role": membership.role, "org_tz": membership.org.time_zone,
             "can_decide": membership.has_role(Membership.Role.REVIEWER),
             "is_admin": membership.has_role(Membership.Role.ADMIN)}
 
 
 def frame(membership: Membership, nav_pending: int | None = None) -> dict[str, Any]:
-    """The header, nav badge and incident banner: two queries (one when the page already
-    counted the pending requests)."""
+    """The header, nav badges (pending requests, compensation failures) and incident banner: two
+    queries (the same when the page already counted the pending requests: then the failures)."""
     org = membership.org
     flags = roles(membership)
     config = {"org": org.slug, **flags, "ws": f"/ws/dashboard/?org={org.slug}", "risk_classes": RISK_CLASSES}
     if nav_pending is None:
-        nav_pending = ApprovalRequest.objects.for_org(org).pending().count()
+        nav_pending, nav_failures = nav_counts(org)
+    else:
+        nav_failures = UndoEntry.objects.for_org(org).filter(state=UndoEntry.State.COMPENSATION_FAILED).count()
     return {"org": org, "membership": membership, **flags, "dashboard_config": config,
-            "nav_pending": nav_pending, "incident": incident(org)}
+            "nav_pending": nav_pending, "nav_failures": nav_failures, "incident": incident(org)}
+
+
+def nav_counts(org: Organization) -> tuple[int, int]:
+    """Pending requests and compensations waiting for a person, in one query (two subqueries)."""
+    pending = (ApprovalRequest.objects.filter(org=OuterRef("pk"), state=ApprovalRequest.State.PENDING)
+               .order_by().values("org").annotate(n=Count("pk")).values("n"))
+    failures = (UndoEntry.objects.filter(session__org=OuterRef("pk"), state=UndoEntry.State.COMPENSATION_FAILED)
+                .order_by().values("session__org").annotate(n=Count("pk")).values("n"))
+    row = (Organization.objects.filter(pk=org.pk)
+           .values_list(Coalesce(Subquery(pending), 0), Coalesce(Subquery(failures), 0)).get())
+    return row[0], row[1]
 
 
 def incident(org: Organization) -> dict[str, Any] | None:
@@ -95,7 +122,7 @@ QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a></td>'
-             '<td class="agent">{agent}</td><td class="tags">{tags}</td>'
+             '<td class="agent" data-label="agent">{agent}</td><td class="tags">{tags}</td>'
              '<td class="impact">{impact}</td><td class="reasoning">{reasoning}</td></tr>')
 HIDDEN = mark_safe(" hidden")
 
@@ -154,14 +181,18 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def pending_queue(org: Organization, limit: int = QUEUE_LIMIT) -> list[QueueRow]:
-    """Pending requests, most urgent deadline first. One query: no JSON context, and only the
-    start of the reasoning (it may be 20 000 characters; the row shows one line).
+def pending_queue(org: Organization, limit: int = QUEUE_LIMIT, *, filters: dict[str, str] | None = None,
+                  after: tuple[dt.datetime, str] | None = None) -> list[QueueRow]:
+    """Pending requests, most urgent deadline first (then by id, the keyset `after` pages on),
+    filtered as the queue's filters say. One query: no JSON context, and only the start of the
+    reasoning (it may be 20 000 characters; the row shows one line).
 
     The deadline comes back as text: Django's psycopg loader for timestamptz runs in Python
     (~20 µs a value, a fifth of this page's time at 500 rows); `fromisoformat` is C."""
-    rows = (ApprovalRequest.objects.for_org(org).pending()
-            .order_by("timeout_at", "created")
+    rows = _filtered(ApprovalRequest.objects.for_org(org).pending(), filters or {})
+    if after:
+        rows = rows.filter(Q(timeout_at__gt=after[0]) | Q(timeout_at=after[0], id__gt=after[1]))
+    rows = (rows.order_by("timeout_at", "id")
             .annotate(reasoning_head=Substr("effect__reasoning", 1, 400),
                       deadline=Cast("timeout_at", output_field=TextField()))
             .values_list("id", "tool_name", "session_id", "session__agent__name", "risk_tags", "estimated_impact",
@@ -170,6 +201,124 @@ def pending_queue(org: Organization, limit: int = QUEUE_LIMIT) -> list[QueueRow]
                      risk_tags=[(tag, risk_class(tag)) for tag in tags or []], estimated_impact=impact,
                      timeout_at=_moment(deadline), reasoning=first_line(reasoning), auto_approve_on_timeout=auto)
             for pk, tool, session, agent, tags, impact, deadline, reasoning, auto in rows]
+
+
+# Filters of the queue. Age is how long a request has waited ("older than").
+AGE_CHOICES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
+QUEUE_FILTERS = ("agent", "tool", "tag", "age")
+
+
+def _filtered(rows: QuerySet[ApprovalRequest], filters: dict[str, str]) -> QuerySet[ApprovalRequest]:
+    if filters.get("agent"):
+        rows = rows.filter(session__agent__name=filters["agent"])
+    if filters.get("tool"):
+        rows = rows.filter(tool_name=filters["tool"])
+    if filters.get("tag"):
+        # JSON containment is not portable (SQLite has no `contains` on JSON): match the quoted
+        # tag in the list's JSON text, which both databases write as ["tag", ...] (non-ASCII
+        # escaped as \uXXXX on SQLite, raw in PostgreSQL's jsonb).
+        tag = filters["tag"]
+        rows = rows.annotate(tags_text=Cast("risk_tags", output_field=TextField())).filter(
+            Q(tags_text__contains=json.dumps(tag)) | Q(tags_text__contains=json.dumps(tag, ensure_ascii=False)))
+    if filters.get("age") in AGE_CHOICES:
+        rows = rows.filter(created__lte=timezone.now() - AGE_CHOICES[filters["age"]])
+    return rows
+
+
+@dataclass
+class DecidedRow:
+    """One decided request as the Decided tab shows it: the decision, who and when."""
+
+    id: str
+    tool: str
+    agent: str
+    state: str
+    decided_by: str
+    decided_at: dt.datetime | None
+    reason: str
+    rollback: bool
+    risk_tags: list[tuple[str, str]]
+
+
+@dataclass
+class QueueListing:
+    tab: str  # pending | decided
+    pending: list[QueueRow]
+    decided: list[DecidedRow]
+    filters: dict[str, str]
+    agents: list[str]
+    tools: list[str]
+    tags: list[str]
+    age_choices: list[str]
+    next_query: str | None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def filtered(self) -> bool:
+        return any(self.filters.get(name) for name in QUEUE_FILTERS)
+
+    @property
+    def pending_query(self) -> str:
+        """The Pending tab's link: same filters, first page."""
+        return urlencode({name: value for name, value in self.filters.items() if value})
+
+    @property
+    def decided_query(self) -> str:
+        return urlencode({"tab": "decided", **{name: value for name, value in self.filters.items() if value}})
+
+
+def queue_listing(org: Organization, params: QueryDict) -> QueueListing:
+    """The queue's tab (pending: most urgent first, QUEUE_LIMIT a page; decided: newest decision
+    first, DECIDED_PAGE a page), filtered by agent, tool, risk tag and age, paged by keyset
+    (`after`). Three queries: the agents and the irreversible tools (with their risk tags) for
+    the filters, and the page."""
+    tab = "decided" if params.get("tab") == "decided" else "pending"
+    filters = {name: params.get(name, "").strip() for name in QUEUE_FILTERS}
+    errors = []
+    if filters["age"] and filters["age"] not in AGE_CHOICES:
+        errors.append(f"Unknown age {filters['age']!r}; showing every age.")
+        filters["age"] = ""
+    agents = list(Agent.objects.for_org(org).order_by("name").values_list("name", flat=True))
+    tools, tags = [], set()
+    for name, risk_tags in (Tool.objects.for_org(org).filter(tier=Tier.IRREVERSIBLE).order_by("name")
+                            .values_list("name", "risk_tags")):
+        tools.append(name)
+        tags.update(tag for tag in risk_tags or [] if isinstance(tag, str))
+    cursor = _cursor(params.get("after", ""))
+    pending, decided, last = [], [], None
+    if tab == "pending":
+        pending = pending_queue(org, QUEUE_LIMIT + 1, filters=filters, after=cursor)
+        if len(pending) > QUEUE_LIMIT:
+            pending = pending[:QUEUE_LIMIT]
+            last = f"{pending[-1].deadline_iso}|{pending[-1].id}"
+    else:
+        decided = decided_rows(org, filters, cursor)
+        if len(decided) > DECIDED_PAGE:
+            decided = decided[:DECIDED_PAGE]
+            last = f"{decided[-1].decided_at.isoformat()}|{decided[-1].id}"
+    next_query = None
+    if last:
+        query = params.copy()
+        query["after"] = last
+        next_query = query.urlencode()
+    return QueueListing(tab=tab, pending=pending, decided=decided, filters=filters, agents=agents, tools=tools,
+                        tags=sorted(tags), age_choices=list(AGE_CHOICES), next_query=next_query, errors=errors)
+
+
+def decided_rows(org: Organization, filters: dict[str, str],
+                 before: tuple[dt.datetime, str] | None = None) -> list[DecidedRow]:
+    """Decided requests, newest decision first, one more than a page (so the caller knows if
+    there is a next one). One query."""
+    rows = _filtered(ApprovalRequest.objects.for_org(org).exclude(state=ApprovalRequest.State.PENDING)
+                     .filter(decided_at__isnull=False), filters)
+    if before:
+        rows = rows.filter(Q(decided_at__lt=before[0]) | Q(decided_at=before[0], id__lt=before[1]))
+    rows = rows.order_by("-decided_at", "-id").values_list(
+        "id", "tool_name", "session__agent__name", "state", "decided_by_label", "decided_at", "decision_reason",
+        "rollback", "risk_tags")[: DECIDED_PAGE + 1]
+    return [DecidedRow(id=str(pk), tool=tool, agent=agent, state=state, decided_by=by, decided_at=at,
+                       reason=reason, rollback=rollback, risk_tags=[(tag, risk_class(tag)) for tag in tags or []])
+            for pk, tool, agent, state, by, at, reason, rollback, tags in rows]
 
 
 def _moment(text: str) -> dt.datetime:
@@ -195,7 +344,7 @@ def approvals_of(org: Organization) -> QuerySet[ApprovalRequest]:
 
 def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
     """The request, its args as readable JSON, the agent's context as a timeline, the effect's
-    history. One query beyond the request itself."""
+    history. One query beyond the request itself (two once it is decided: the next pending one)."""
     context = approval.agent_context or {}
     reasoning = {step["step_index"]: step["text"] for step in context.get("reasoning", [])}
     calls = [{**call, "reasoning": reasoning.pop(call["step_index"], ""),
@@ -214,7 +363,15 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "current_reasoning": current_reasoning,
         "history": list(EffectTransition.objects.filter(effect_id=approval.effect_id)),
         "is_pending": approval.state == ApprovalRequest.State.PENDING,
+        "next_pending": None if approval.state == ApprovalRequest.State.PENDING else next_pending(approval),
     }
+
+
+def next_pending(approval: ApprovalRequest) -> dict[str, Any] | None:
+    """Once this request is decided: the most urgent other request still waiting in its org, so
+    the reviewer goes on without the queue. One query, only on a decided request's page."""
+    return (ApprovalRequest.objects.for_org(approval.org_id).pending().exclude(pk=approval.pk)
+            .order_by("timeout_at", "id").values("id", "tool_name", "session__agent__name").first())
 
 
 # ---------------------------------------------------------------- sessions
@@ -405,20 +562,25 @@ DAY_COUNTERS = (("tool calls", "tool_calls", "max_tool_calls_per_day"),
                 ("cost", "cost", "max_cost_per_day"))
 
 
-def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[str, Any]:
+def agents_context(org: Organization, now: dt.datetime | None = None, *, with_keys: bool = False) -> dict[str, Any]:
     """Every agent with its state, today's counters, its limits and 7 days of runs against the cap.
 
     A fixed number of queries whatever the number of agents: the agents, the runs per day
     (grouped in the database, so 10,000 runs are one query, not 10,000 rows), the budget
     policies, today's counters and the ended runs the suggestion sizes from; one more while an
-    agent's own switch is on (the cap it had before, which turning the switch off restores).
+    agent's own switch is on (the cap it had before, which turning the switch off restores), and
+    one more for admins (`with_keys`: every agent's keys, which only admins manage).
     """
     now = now or timezone.now()
     agents = list(Agent.objects.for_org(org).order_by("name"))
     tz = org.tz
     days = [(now - timedelta(days=n)).astimezone(tz).date() for n in range(CHART_DAYS - 1, -1, -1)]
     per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
-    budget, incident_on = _budgets_of(org, now)
+    budget, incident_on = _budgets_of(org, now, [agent.pk for agent in agents])
+    keys: dict[Any, list[AgentKey]] = defaultdict(list)
+    if with_keys:  # admins only: one query for every agent's keys, newest first
+        for key in AgentKey.objects.filter(agent__org=org).order_by("-created", "-id"):
+            keys[key.agent_id].append(key)
     rows = []
     for agent in agents:
         mine = per_day.get(agent.pk, {})
@@ -427,6 +589,7 @@ def agents_context(org: Organization, now: dt.datetime | None = None) -> dict[st
                                  "max_irreversible": mine.get(day, {}).get("max_irreversible") or 0,
                                  "max_cost": _number(mine.get(day, {}).get("max_cost")) or 0} for day in days]}
         row.update(budget(agent))
+        row["keys"] = keys[agent.pk]
         rows.append(row)
     return {"agents": rows, "incident_on": incident_on}
 
@@ -441,15 +604,18 @@ def _runs_per_day(org: Organization, since: dt.datetime) -> dict[Any, dict[dt.da
     return grouped
 
 
-def _budgets_of(org: Organization, now: dt.datetime):
-    """A function giving each agent's budget part of the page, from three queries for all agents
-    (four while an agent's own switch is on), and whether the org's incident switch is on."""
+def _budgets_of(org: Organization, now: dt.datetime, agent_ids: list[Any]):
+    """A function giving each agent's budget part of the page, from six queries for all agents
+    (seven while an agent's own switch is on), and whether the org's incident switch is on.
+    Today's usage is true with or without a daily limit (`budgets.day_usage`: the day counters,
+    and the effect log's calls of the day, weighted)."""
     policies = {policy.agent_id: policy for policy in BudgetPolicy.objects.filter(org=org)}
     default = policies.get(None)
-    today = {row.agent_id: row for row in DayCounter.objects.filter(org=org, day=org.today())}
+    today = day_usage.today(org, agent_ids)
     healthy: dict[Any, dict[str, list]] = defaultdict(lambda: {"irreversible_calls": [], "cost": []})
     # The budgets app's suggestion (sizing.suggest), for all agents at once: just above the p95
-    # of the runs that ended in the window completed and without a budget violation.
+    # of the runs that ended in the window completed and without a budget violation, and never
+    # below the largest of them.
     for agent_id, irreversible, cost in (
             Session.objects.filter(org=org, created__gte=now - timedelta(days=sizing.WINDOW_DAYS),
                                    state=Session.State.COMPLETED, violation__isnull=True)
@@ -465,8 +631,7 @@ def _budgets_of(org: Organization, now: dt.datetime):
         policy = policies.get(agent.pk) or default
         limits = {name: getattr(policy, name) if policy else None for name, _, _ in LIMIT_LABELS}
         used = today.get(agent.pk)
-        suggested = {counter: _number(sizing.just_above(sizing.percentile(sorted(values), 95)))
-                     for counter, values in healthy[agent.pk].items()}
+        suggested = {counter: _number(sizing.suggested_cap(values)) for counter, values in healthy[agent.pk].items()}
         irreversible_cap = 0 if org_incident else limits["max_irreversible_per_run"]
         return {
             "caps": {"irreversible": {"current": irreversible_cap, "suggested": suggested.get("irreversible_calls")},
@@ -518,7 +683,26 @@ def compensation_failures(org: Organization) -> list[UndoEntry]:
 # ---------------------------------------------------------------- settings
 
 
+DURATION_UNITS = ((1, "seconds"), (60, "minutes"), (3600, "hours"), (86400, "days"))
+# session.updated is a nudge for open pages, never sent to webhooks.
+WEBHOOK_EVENTS = [kind for kind in EVENT_KINDS if kind != "session.updated"]
+
+
+def duration(seconds: int) -> dict[str, int]:
+    """The largest unit that shows the duration exactly: 900 s is 15 minutes, 90 s stays seconds."""
+    unit = next(unit for unit, _ in reversed(DURATION_UNITS) if seconds % unit == 0)
+    return {"amount": seconds // unit, "unit": unit}
+
+
 def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
     """The org's settings; its webhooks for admins only (their URLs are sensitive). One query."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
-    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks}
+    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks,
+            "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
+            "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
+
+
+@functools.cache
+def time_zones() -> list[str]:
+    """Every zone the server knows (what the settings API accepts), sorted; read once."""
+    return sorted(zoneinfo.available_timezones())

@@ -15,6 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -60,7 +61,9 @@ def page(request: HttpRequest, membership: Membership, template: str, context: d
     """Render a page with what every page shows (nav count, incident banner, role flags), or
     with `?part=live` only the fragment the page's script swaps in on a live update."""
     if partial and request.GET.get("part") == "live":
-        return render(request, partial, {**context, **dashboard.roles(membership)})
+        # The whole page renders inside {% timezone org.time_zone %} (base.html); so must its fragment.
+        with timezone.override(membership.org.tz):
+            return render(request, partial, {**context, **dashboard.roles(membership)})
     return render(request, template, {**dashboard.frame(membership, nav_pending), **context})
 
 
@@ -88,10 +91,11 @@ def pick_org(request: HttpRequest) -> HttpResponse:
 @member_page
 def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
     org = membership.org
-    approvals = dashboard.pending_queue(org)
+    listing = dashboard.queue_listing(org, request.GET)
     stats = dashboard.queue_stats(org)
     return page(request, membership, "approvals/queue.html", {
-        "approvals": approvals, "stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
+        "listing": listing, "approvals": listing.pending, "stats": stats,
+        "decided_chart": charts.decisions_per_day(stats["per_day"]),
         "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
     }, nav_pending=stats["pending"])
 
@@ -122,7 +126,7 @@ def session_detail(request: HttpRequest, membership: Membership, pk) -> HttpResp
 @require_GET
 @member_page
 def agents(request: HttpRequest, membership: Membership) -> HttpResponse:
-    context = dashboard.agents_context(membership.org)
+    context = dashboard.agents_context(membership.org, with_keys=membership.has_role(Membership.Role.ADMIN))
     for row in context["agents"]:
         row["charts"] = charts.runs_against_cap(row["runs_per_day"], row["caps"])
     return page(request, membership, "approvals/agents.html", context, partial="approvals/_agents_live.html")

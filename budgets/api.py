@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from budgets import sizing
+from budgets import day_usage, sizing
 from budgets.models import (
     DAY_LIMITS,
     LIMIT_FIELDS,
@@ -107,9 +107,8 @@ def budget_body(agent: Agent, session: Session | None = None, *, latest: bool = 
     if session is None and latest:
         session = Session.objects.filter(agent=agent).order_by("-created").first()
     day = agent.org.today()
-    row = DayCounter.objects.filter(agent=agent, day=day).first()
     run = Usage(session.tool_calls, session.irreversible_calls, session.cost) if session else Usage()
-    today = row.usage() if row else Usage()
+    today = day_usage.today(agent.org, [agent.pk])[agent.pk]  # true with or without a daily limit
     usage: dict[str, Any] = {}
     remaining: dict[str, Any] = {}
     for limits_of, used in ((RUN_LIMITS, run), (DAY_LIMITS, today)):
@@ -131,8 +130,8 @@ def budget_body(agent: Agent, session: Session | None = None, *, latest: bool = 
     }
 
 
-def agent_dict(agent: Agent, today: DayCounter | None, source: str) -> dict[str, Any]:
-    usage = today.usage() if today else Usage()
+def agent_dict(agent: Agent, today: Usage | DayCounter | None, source: str) -> dict[str, Any]:
+    usage = today.usage() if isinstance(today, DayCounter) else today or Usage()
     return {"name": agent.name, "state": agent.state, "suspend_reason": agent.suspend_reason or None,
             "budget_source": source,
             "today": {"tool_calls": usage.tool_calls, "irreversible_calls": usage.irreversible_calls,
@@ -217,11 +216,25 @@ def _apply(policy: BudgetPolicy, changes: dict[str, Any], actor: str) -> None:
     if policy.on_exceeded == BudgetPolicy.OnExceeded.ESCALATE and not policy.escalation_url:
         raise Invalid({"escalation_url": "Required while on_exceeded is escalate."},
                       "escalation_url: required while on_exceeded is escalate.")
+    tracked_before = any(before[name] is not None for name, _, _ in DAY_LIMITS)
     policy.updated_by = actor
     policy.save()
+    if not tracked_before and any(getattr(policy, name) is not None for name, _, _ in DAY_LIMITS):
+        _catch_up(policy)
     after = policy.settings()
     diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
     PolicyChange.objects.create(org_id=policy.org_id, agent_id=policy.agent_id, actor=actor, changes=diff)
+
+
+def _catch_up(policy: BudgetPolicy) -> None:
+    """A daily limit starts to apply: today's counters of the agents it governs start from what
+    they already did today (the effect log), not from 0."""
+    if policy.agent_id is not None:
+        agents = [policy.agent_id]
+    else:  # the org default governs the agents without a policy of their own
+        own = BudgetPolicy.objects.filter(org_id=policy.org_id, agent__isnull=False).values("agent_id")
+        agents = list(Agent.objects.filter(org_id=policy.org_id).exclude(pk__in=own).values_list("pk", flat=True))
+    day_usage.catch_up(policy.org, agents)
 
 
 def _org_default(org: Organization) -> BudgetPolicy:
@@ -246,7 +259,7 @@ class AgentsView(APIView):
         """Every agent of the org with its state, where its budget comes from, and today's counters."""
         org = caller_of(request).org
         agents = list(Agent.objects.for_org(org).order_by("name"))
-        days = {row.agent_id: row for row in DayCounter.objects.filter(org=org, day=org.today())}
+        days = day_usage.today(org, [agent.pk for agent in agents])
         policies = dict(BudgetPolicy.objects.filter(org=org).values_list("agent_id", "pk"))
         default = "org" if None in policies else "none"
         return Response({"day": org.today().isoformat(), "incident": _incident_on(org),
@@ -354,7 +367,7 @@ class SuspendView(APIView):
 
 
 def _agent_with_today(agent: Agent) -> dict[str, Any]:
-    today = DayCounter.objects.filter(agent=agent, day=agent.org.today()).first()
+    today = day_usage.today(agent.org, [agent.pk])[agent.pk]
     return agent_dict(agent, today, Limits.for_agent(agent.org_id, agent.id).source)
 
 

@@ -53,11 +53,21 @@ def just_above(value: Any) -> Any:
     return (value * Decimal("1.1")).quantize(Decimal("0.01"), rounding=ROUND_CEILING) or Decimal("0.01")
 
 
+def suggested_cap(healthy: list) -> Any:
+    """Just above the healthy runs' p95, and never below the largest healthy run: a suggestion
+    that would have refused a run that went well is one nobody can adopt (with few runs the p95
+    is the maximum anyway; with many, the outlier that went well still sets the floor)."""
+    if not healthy:
+        return None
+    good = sorted(healthy)
+    return max(just_above(percentile(good, 95)), good[-1])
+
+
 def suggest(agent: Agent, now=None) -> dict[str, Any]:
     """1. The agent's runs that ended in the window (open ones are not finished counting).
     2. Healthy: completed, with no budget violation. Refused or failed runs are what a cap is for.
     3. Per counter: p50, p95, max and a histogram of all runs; the suggestion sits just above the
-       p95 of healthy runs, so one runaway healthy-looking run does not set the cap for the rest."""
+       p95 of healthy runs and never below the largest of them (`suggested_cap`)."""
     since = (now or timezone.now()) - timedelta(days=WINDOW_DAYS)
     runs = list(Session.objects.filter(agent=agent, created__gte=since).exclude(state__in=Session.OPEN)
                 .values("state", "violation", "tool_calls", "irreversible_calls", "cost"))
@@ -69,7 +79,7 @@ def suggest(agent: Agent, now=None) -> dict[str, Any]:
     for limit, counter, key in SIZED:
         values = sorted(run[counter] for run in runs)
         good = sorted(run[counter] for run in healthy)
-        suggested = just_above(percentile(good, 95))
+        suggested = suggested_cap(good)
         body[key] = {
             "p50": number(percentile(values, 50)), "p95": number(percentile(values, 95)),
             "max": number(values[-1] if values else None), "histogram": histogram(values),
@@ -81,5 +91,6 @@ def suggest(agent: Agent, now=None) -> dict[str, Any]:
                                             and v > limits.values[limit])},
         }
     body["method"] = ("Runs that ended in the last 7 days; healthy = completed without a budget violation. "
-                      "Suggested caps sit just above the healthy runs' p95: +1 call, or +10 % cost.")
+                      "Suggested caps sit just above the healthy runs' p95 (+1 call, or +10 % cost), "
+                      "and never below the largest healthy run.")
     return body

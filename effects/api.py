@@ -266,7 +266,8 @@ class ToolsView(APIView):
 
 
 class SessionCreateSerializer(StrictSerializer):
-    agent = StringField(max_length=100)
+    # Optional: a key belongs to exactly one agent, so the key says which. When given, it must match.
+    agent = StringField(max_length=100, required=False)
     metadata = serializers.DictField(required=False, default=dict)
 
 
@@ -341,7 +342,7 @@ class SessionViewSet(ViewSet):
     def create(self, request: Request) -> Response:
         data = validated(SessionCreateSerializer, request.data)
         agent: Agent = request.user.agent
-        if data["agent"] != agent.name:
+        if data.get("agent", agent.name) != agent.name:
             raise NotFound(f"No agent named {data['agent']!r} for this key (the key belongs to {agent.name!r}).",
                            code="agent_not_found")
         if agent.state != Agent.State.ACTIVE:

@@ -44,7 +44,7 @@ from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
 from effects import intercept as pipeline
 from effects import longpoll
-from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, render_template, sha256
+from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, sha256
 from orgs.models import AgentKey, Organization, RememberedKey
 from undolog_site.errors import DomainError
 
@@ -132,6 +132,11 @@ def _row(instance: Any) -> Jsonb:
     return Jsonb(row)
 
 
+def _live(key: str) -> str:
+    """`AgentKey.objects.live()` in SQL: not revoked, not past a rotation's grace period."""
+    return f"{key}.revoked_at IS NULL AND ({key}.expires_at IS NULL OR {key}.expires_at > now())"
+
+
 _EXISTING = ("id", "tool_name", "tier", "state", "step_index", "args", "result", "error", "created", "updated",
              "args_digest", "call_signature")
 _SQL: dict[tuple, str] = {}
@@ -175,7 +180,7 @@ WITH s AS (
     WHERE s.id = %(session)s AND s.agent_id = %(agent)s AND s.state = 'running'
       AND a.id = s.agent_id AND a.state = 'active'
       AND o.id = s.org_id AND o.config_version = %(version)s
-      AND k.id = %(key)s AND k.agent_id = s.agent_id AND k.revoked_at IS NULL{guards}
+      AND k.id = %(key)s AND k.agent_id = s.agent_id AND {_live('k')}{guards}
       AND NOT EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s)
     RETURNING s.id{_SAFE_CALLS if with_safe_calls else ""}
 ), e AS ({effect_sql}), u AS ({entry_sql})
@@ -184,7 +189,7 @@ FROM (SELECT 1) one
 LEFT JOIN effects_effect x ON x.session_id = %(session)s AND x.call_signature = %(signature)s
     AND EXISTS (SELECT 1 FROM effects_session s2 JOIN orgs_agentkey k2 ON k2.agent_id = s2.agent_id
                 WHERE s2.id = x.session_id AND s2.agent_id = %(agent)s AND k2.id = %(key)s
-                  AND k2.revoked_at IS NULL)
+                  AND {_live('k2')})
 """
     _SQL[(caps, with_safe_calls)] = sql
     return sql
@@ -275,16 +280,9 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
            session: uuid.UUID, caps: tuple[str, ...]) -> HttpResponse | None:
     now = timezone.now()
     signature = pipeline.signature_of(session, call)
-    effect = Effect(id=uuid.uuid4(), org_id=key.org_id, session_id=session, tool=tool, tool_name=tool.name,
-                    tier=tool.tier, step_index=call.step_index, call_signature=signature,
-                    idempotency_key=call.idempotency_key, args=call.args,
-                    args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
-                    state=Effect.State.EXECUTING, created=now, updated=now)
-    fn = tool.compensation_fn
-    entry = UndoEntry(id=uuid.uuid4(), session_id=session, effect=effect, step_index=call.step_index, fn=fn,
-                      fn_name=fn.fn_name, fn_version=fn.fn_version,
-                      args=render_template(tool.compensation_args, call.args), max_retries=tool.max_retries,
-                      retry_backoff_ms=tool.retry_backoff_ms, created=now, updated=now)
+    effect = pipeline.new_effect(key.org_id, session, tool, call, signature)
+    entry = pipeline.new_undo_entry(tool, effect)
+    effect.created = effect.updated = entry.created = entry.updated = now
     safe = {c.step_index: c for c in call.safe_calls}  # a step reported twice counts once (the pipeline's rule)
     charge = Charge()
     for reported in safe.values():
@@ -332,13 +330,14 @@ def _replay(existing: list, call: pipeline.Call, session: uuid.UUID) -> HttpResp
 
 # ---------------------------------------------------------------- commit
 
-_COMMIT_SQL = """
+_COMMIT_SQL = f"""
 WITH old AS (
     SELECT e.id, e.state FROM effects_effect e
     JOIN effects_session s ON s.id = e.session_id
     JOIN orgs_agentkey k ON k.agent_id = s.agent_id
     WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state IN ('executing', 'approved')
-      AND k.id = %(key)s AND k.revoked_at IS NULL
+      AND NOT e.undo_needs_result
+      AND k.id = %(key)s AND {_live('k')}
     FOR UPDATE OF e
 ), e AS (
     UPDATE effects_effect e SET state = 'committed', updated = %(now)s, result = %(result)s::jsonb

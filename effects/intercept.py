@@ -264,23 +264,36 @@ def _tool_for(call: Call, tools: dict[str, Tool]) -> Tool:
 
 
 def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> Effect:
-    initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
-    effect = Effect.objects.create(
-        org_id=session.org_id, session=session, tool=tool, tool_name=tool.name, tier=tool.tier,
-        step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
-        args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
-        state=initial, undo_needs_result=tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
-    )
-    effect.announce(None, initial)  # after commit, off this thread: no query, no wait
+    effect = new_effect(session.org_id, session.id, tool, call, signature)
+    effect.save(force_insert=True)
+    effect.announce(None, effect.state)  # after commit, off this thread: no query, no wait
     return effect
 
 
 def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
+    entry = new_undo_entry(tool, effect)
+    entry.save(force_insert=True)
+    return entry
+
+
+def new_effect(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> Effect:
+    """The effect row of an admitted call, not yet saved (the pipeline and the fast path both insert it)."""
+    initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
+    return Effect(
+        org_id=org_id, session_id=session_id, tool=tool, tool_name=tool.name, tier=tool.tier,
+        step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
+        args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
+        state=initial, undo_needs_result=tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
+    )
+
+
+def new_undo_entry(tool: Tool, effect: Effect) -> UndoEntry:
+    """The undo entry pushed before a compensable effect runs, not yet saved."""
     fn = tool.compensation_fn
     # A template that reads the result is kept on the entry and rendered when the effect commits.
     template = tool.compensation_args if effect.undo_needs_result else None
-    return UndoEntry.objects.create(
-        session=session, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
+    return UndoEntry(
+        session_id=effect.session_id, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
         fn_version=fn.fn_version, args=render_template(tool.compensation_args, effect.args), args_template=template,
         max_retries=tool.max_retries, retry_backoff_ms=tool.retry_backoff_ms,
     )

@@ -16,6 +16,8 @@ from django.db import models, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from undolog_site.errors import Conflict
+
 # Sent after commit with `event=<Event>`; approvals fans events out to webhooks and websockets.
 event_recorded = Signal()
 
@@ -169,9 +171,23 @@ _REMEMBERED: dict[str, RememberedKey] = {}
 _REMEMBER_AT_MOST = 10_000
 
 
+# How long a rotated key keeps working beside its successor: long enough to roll the new key
+# out to every process of the agent (a deploy, a nightly job's next run), short enough that a
+# key rotated because it leaked stops working the same day. Revoke instead of rotating to cut
+# a key off at once. The default of UNDOLOG_KEY_ROTATION_GRACE_S (settings).
+ROTATION_GRACE = timedelta(hours=24)
+
+
+def rotation_grace() -> timedelta:
+    return timedelta(seconds=getattr(settings, "UNDOLOG_KEY_ROTATION_GRACE_S", ROTATION_GRACE.total_seconds()))
+
+
 class AgentKeyQuerySet(models.QuerySet):
-    def live(self) -> AgentKeyQuerySet:
-        return self.filter(revoked_at__isnull=True)
+    def live(self, now: dt.datetime | None = None) -> AgentKeyQuerySet:
+        """Keys that authenticate: not revoked, and not past the end of a rotation's grace period."""
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
 
 
 class AgentKey(models.Model):
@@ -188,8 +204,16 @@ class AgentKey(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set when the key is rotated: it works until then, beside its successor.")
 
     objects = AgentKeyQuerySet.as_manager()
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        ROTATING = "rotating"  # rotated, still valid until expires_at
+        EXPIRED = "expired"
+        REVOKED = "revoked"
 
     def __str__(self) -> str:
         return f"ul_{self.prefix}_… ({self.agent})"
@@ -244,8 +268,42 @@ class AgentKey(models.Model):
             AgentKey.objects.filter(pk=self.pk).update(last_used_at=now)
             self.last_used_at = now
 
-    def revoke(self) -> None:
-        AgentKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return self.State.REVOKED
+        if self.expires_at is None:
+            return self.State.ACTIVE
+        return self.State.ROTATING if self.expires_at > timezone.now() else self.State.EXPIRED
+
+    @property
+    def display(self) -> str:
+        """How people recognise the key: its prefix (the secret is never stored)."""
+        return f"ul_{self.prefix}_…"
+
+    def revoke(self) -> bool:
+        """Stop the key at once (its next request is a 401). False if it was already revoked."""
+        now = timezone.now()
+        # Guarded: two admins revoking at once record one revocation time, the first.
+        changed = AgentKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
+        if changed:
+            self.revoked_at = now
+        return bool(changed)
+
+    def rotate(self, grace: timedelta | None = None) -> tuple[AgentKey, str]:
+        """Issue the key's successor and let this key work until the grace period ends, so the
+        agent's processes can move to the new key without a failed call. Raises Conflict if the
+        key was already rotated or revoked (rotating twice would leave two successors)."""
+        expires = timezone.now() + (rotation_grace() if grace is None else grace)
+        with transaction.atomic():
+            # Guarded: of two concurrent rotations exactly one issues a successor.
+            changed = AgentKey.objects.filter(pk=self.pk, revoked_at__isnull=True, expires_at__isnull=True).update(
+                expires_at=expires)
+            if not changed:
+                raise Conflict(f"The key {self.display} was already rotated or revoked; rotate its successor instead.",
+                               code="key_not_active", state=AgentKey.objects.get(pk=self.pk).state)
+            self.expires_at = expires
+            return AgentKey.issue(self.agent, name=self.name)
 
 
 class EventQuerySet(models.QuerySet):

@@ -170,6 +170,9 @@ CELERY_BEAT_SCHEDULE: dict = {
                                    "options": {"expires": 30}},
 }
 
+# How long a rotated agent key keeps working beside its successor (orgs.models.AgentKey.rotate).
+UNDOLOG_KEY_ROTATION_GRACE_S = envint("UNDOLOG_KEY_ROTATION_GRACE_S", "86400")
+
 # The compensation walk (effects/undo.py). A running claim that outlives its function's timeout
 # by UNDOLOG_UNDO_STALL_S, or a walk that sits still that long, is taken over by the sweep.
 UNDOLOG_UNDO_SWEEP_S = envint("UNDOLOG_UNDO_SWEEP_S", "5")

@@ -11,14 +11,15 @@ from pathlib import Path
 from .server import REPO, attach, is_up, start
 from .story import Demo
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+# `make run` serves on $PORT (8000 unless set); `make demo` passes the same PORT on.
+DEFAULT_URL = f"http://127.0.0.1:{os.environ.get('PORT') or 8000}"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sdk.demo", description=__doc__)
     parser.add_argument("--url", default=os.environ.get("UNDOLOG_URL", DEFAULT_URL),
-                        help="a running server (`make run`) to use; default $UNDOLOG_URL "
-                             "or %(default)s")
+                        help="a running server (`make run`) to use; default $UNDOLOG_URL, "
+                             "else port $PORT of 127.0.0.1: %(default)s")
     parser.add_argument("--own-server", action="store_true",
                         help="start a throwaway server even if one is running at --url")
     parser.add_argument("--interactive", action="store_true",

@@ -12,10 +12,10 @@ import httpx
 
 
 class Person:
-    def __init__(self, url: str, token: str) -> None:
-        # X-Undolog-Org: on a server of `make run`, admin may belong to more than one org.
+    def __init__(self, url: str, token: str, org: str) -> None:
+        # X-Undolog-Org: on a server of `make run`, admin belongs to the tour's org `demo` too.
         self.http = httpx.Client(base_url=url, timeout=10, headers={
-            "Authorization": f"Token {token}", "X-Undolog-Org": "demo"})
+            "Authorization": f"Token {token}", "X-Undolog-Org": org})
 
     def _json(self, response: httpx.Response) -> dict[str, Any]:
         if response.is_error:

@@ -2,8 +2,10 @@
 
     python -m sdk.demo.provision [--migrate]
 
-Makes sure the org `demo` exists with the admin `admin` / `admin` (as `make run`'s
-`setupdemo` does), adds the agent `cleanup` with a fresh key and the reviewer `alice`,
+Makes sure the demo's own org `cleanup-demo` exists (not `make run`'s tour org `demo`,
+whose tools the demo would otherwise overwrite) with the admin `admin` / `admin` (the same
+person as `make run`'s `setupdemo` makes), adds the agent `cleanup` with a fresh key and the
+reviewer `alice`,
 and prints one JSON object: the agent key, the admin's and alice's API tokens and the
 org's webhook secret. This is the one part of the demo that is not the SDK: an agent
 key and people come from the server's admin, not from the API.
@@ -11,10 +13,11 @@ key and people come from the server's admin, not from the API.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
+
+ORG = "cleanup-demo"
 
 
 def main(argv: list[str]) -> int:
@@ -29,11 +32,10 @@ def main(argv: list[str]) -> int:
 
     if "--migrate" in argv:
         call_command("migrate", verbosity=0, interactive=False)
-    if not Organization.objects.filter(slug="demo").exists():
-        call_command("setupdemo", stdout=io.StringIO())  # org demo, demo-agent, admin/admin
-    org = Organization.objects.get(slug="demo")
+    org, _ = Organization.objects.get_or_create(slug=ORG, defaults={"name": "Cleanup demo"})
     users = get_user_model().objects
-    admin = users.filter(username="admin").first() or users.create_superuser("admin", "", "admin")
+    admin = (users.filter(username="admin").first()
+             or users.create_superuser("admin", "admin@localhost", "admin"))
     Membership.objects.get_or_create(user=admin, org=org, defaults={"role": Membership.Role.ADMIN})
     alice, created = users.get_or_create(username="alice", defaults={"email": "alice@example.com"})
     if created:

@@ -37,8 +37,8 @@ class Demo:
         # Unattended, no call waits more than a minute for a decision; a person may take longer.
         self.client = UndoLogClient(server.url, creds["agent_key"], on_wait=self.waiting,
                                     poll_wait=5, approval_timeout=None if interactive else 60)
-        self.admin = Person(server.url, creds["admin_token"])
-        self.alice = Person(server.url, creds["reviewer_token"])
+        self.admin = Person(server.url, creds["admin_token"], creds["org"])
+        self.alice = Person(server.url, creds["reviewer_token"], creds["org"])
         self.ops = Ops(var_dir / "accounts.json", say)
         ops.use(self.ops)
         self.recalls = Recalls(self.ops, creds["webhook_secret"])
@@ -64,8 +64,12 @@ class Demo:
         where = "its own server" if self.server.own else "the server already running"
         self.say(f"undolog demo: the account cleanup of the irreversible-cap guide, on {where} "
                  f"at {self.server.url}")
-        self.say("  org demo · agent cleanup (a fresh key) · admin sets budgets · "
-                 "reviewer alice decides")
+        org = self.server.credentials["org"]
+        self.say(f"  org {org} (the demo's own: the tour's org demo is left alone) · "
+                 "agent cleanup (a fresh key) · admin sets budgets · reviewer alice decides")
+        self.say("  The accounts (a file, like the guide's reset_db.py) are reset to the guide's\n"
+                 "  five before parts 1 and 2, so each starts from the same data; part 3 carries\n"
+                 "  on from part 2.")
         if self.client.get_budget("cleanup")["state"] != "active":
             self.admin.post("/api/v1/agents/cleanup/resume", {"note": "the demo starts over"})
         limits = {"max_irreversible_per_run": CAP, "on_exceeded": "pause"}
@@ -84,6 +88,7 @@ class Demo:
                  "their 1 s approval deadline passes, so the budget is the only guard\n"
                  "(the guide's step 3).")
         self.ops.reset()
+        self.say("  (accounts reset: acct-101, -102, -103 inactive; acct-200, -201 active)")
         self.client.register(*(unattended(tool) for tool in (ops.delete_account, ops.email_owner)))
         transcript, session = self.play([
             [("list_inactive_accounts", {})],
@@ -98,6 +103,7 @@ class Demo:
     def approvals(self) -> None:
         self.heading("2. A reviewer in front of every deletion, inside the same cap")
         self.ops.reset()
+        self.say("  (accounts reset to the guide's five: part 1's deletions are put back)")
         self.client.register(ops.delete_account, ops.email_owner)  # as declared: a person decides
         reviewer = None
         if self.interactive:

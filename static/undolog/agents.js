@@ -1,5 +1,6 @@
-/* Agents: Resume / Suspend (reviewer), the per-agent and org incident switches and budget
- * limits (admin). Everything acts through the API; the server re-renders the cards after. */
+/* Agents: Resume / Suspend (reviewer), the per-agent and org incident switches, budget
+ * limits, new agents and their keys (admin). Everything acts through the API; the server
+ * re-renders the cards after. A new key is shown once, outside the re-rendered part. */
 (function () {
   "use strict";
   var UL = window.UL;
@@ -15,12 +16,78 @@
     return "/api/v1/agents/" + encodeURIComponent(name) + "/budget";
   }
 
+  function keysPath(name) {
+    return "/api/v1/agents/" + encodeURIComponent(name) + "/keys";
+  }
+
+  function showKey(agent, answer) {
+    document.getElementById("new-key-agent").textContent = agent;
+    document.getElementById("new-key-value").textContent = answer.key;
+    document.getElementById("new-key-grace").textContent = answer.rotated ?
+      " The rotated key " + answer.rotated.display + " keeps working until " +
+      new Date(answer.rotated.expires_at).toLocaleString() + ", so move the agent to this one before then." : "";
+    var panel = document.getElementById("new-key");
+    panel.hidden = false;
+    panel.scrollIntoView({block: "nearest"});
+  }
+
+  var newKey = document.getElementById("new-key");
+  if (newKey) {
+    document.getElementById("new-key-copy").addEventListener("click", function () {
+      var value = document.getElementById("new-key-value").textContent;
+      if (navigator.clipboard) navigator.clipboard.writeText(value).then(function () { UL.flash("Key copied.", "ok"); });
+    });
+    document.getElementById("new-key-done").addEventListener("click", function () {
+      document.getElementById("new-key-value").textContent = "";
+      newKey.hidden = true;
+    });
+  }
+
+  var agentForm = document.getElementById("agent-form");
+  if (agentForm) {
+    agentForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var name = document.getElementById("agent-name").value.trim();
+      UL.act(agentForm.querySelector("button"), function () {
+        return UL.api("POST", "/api/v1/agents", {name: name});
+      }, "Agent " + name + " created; issue it a key.").then(function () {
+        agentForm.reset();
+        refresh();
+      }, function () {});
+    });
+  }
+
+  function keyAction(button, name, verb) {
+    var prefix = button.closest("[data-prefix]").dataset.prefix;
+    var rotate = verb === "rotate";
+    UL.confirm({
+      title: (rotate ? "Rotate" : "Revoke") + " key ul_" + prefix + "_… of " + name + "?",
+      body: rotate ? "A new key is issued (shown once). The old one keeps working for a grace period, " +
+                     "so the agent can switch without a failed call; then it stops."
+                   : "The key stops working now: the agent's next request with it is refused (401).",
+      confirm: rotate ? "Rotate" : "Revoke"
+    }).then(function (ok) {
+      if (!ok) return;
+      UL.act(button, function () {
+        return UL.api("POST", keysPath(name) + "/" + encodeURIComponent(prefix) + "/" + verb, {});
+      }, rotate ? null : "Key ul_" + prefix + "_… revoked.").then(function (answer) {
+        if (rotate) showKey(name, answer);
+        refresh();
+      }, function () {});
+    });
+  }
+
   holder.addEventListener("click", function (event) {
     var button = event.target.closest("button");
     if (!button) return;
     var card = button.closest("[data-agent]");
     var name = card && card.dataset.agent;
-    if (button.id === "incident-on") {
+    if (button.dataset.action === "issue-key") {
+      UL.act(button, function () { return UL.api("POST", keysPath(name), {name: "dashboard"}); })
+        .then(function (answer) { showKey(name, answer); refresh(); }, function () {});
+    } else if (button.dataset.action === "rotate-key" || button.dataset.action === "revoke-key") {
+      keyAction(button, name, button.dataset.action === "rotate-key" ? "rotate" : "revoke");
+    } else if (button.id === "incident-on") {
       UL.confirm({
         title: "Turn the incident switch on?",
         body: "Every irreversible call of every agent of the organization is refused from its next call on, " +

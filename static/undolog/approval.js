@@ -63,10 +63,17 @@
   });
 
   document.addEventListener("keydown", function (event) {
-    if (event.altKey || event.ctrlKey || event.metaKey || !pending()) return;
+    if (event.altKey || event.ctrlKey || event.metaKey) return;
     var tag = (event.target.tagName || "").toLowerCase();
     if (tag === "input" || tag === "textarea" || tag === "select" || event.target.isContentEditable) return;
     if (document.getElementById("confirm-dialog").open) return;
+    var next = document.getElementById("next-pending");
+    if (event.key === "n" && next && !pending()) {
+      event.preventDefault();
+      location.href = next.href;
+      return;
+    }
+    if (!pending()) return;
     if (event.key === "a") {
       event.preventDefault();
       approve();
@@ -79,6 +86,12 @@
   });
 
   holder.addEventListener("ul:refreshed", function () {
+    var fresh = document.getElementById("approval-history-fresh");
+    var history = document.getElementById("approval-history");
+    if (fresh && history) {
+      history.textContent = "";
+      history.appendChild(fresh.content.cloneNode(true));
+    }
     var state = live().dataset.state;
     var badge = document.getElementById("approval-state");
     badge.textContent = state;
@@ -91,6 +104,11 @@
   }
   ["approval.decided", "approval.expired", "approval.extended"].forEach(function (kind) {
     UL.on(kind, function (payload) { if (mine(payload)) refresh(); });
+  });
+  // The effect moves on after the decision (executing, committed): its history card follows.
+  UL.on("session.updated", function (payload) {
+    var effect = live().dataset.effect;
+    if ((payload.changes || []).some(function (c) { return c.what === "effect" && c.id === effect; })) refresh();
   });
   UL.onConnect(function (reconnected) { if (reconnected) refresh(); });
 })();

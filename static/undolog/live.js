@@ -362,15 +362,31 @@
   UL.on("approval.decided", function () { bumpPending(-1); });
   UL.on("approval.expired", function () { bumpPending(-1); });
   function bumpPending(delta) {
-    if (document.body.dataset.page === "queue") return;
+    if (document.body.dataset.page === "queue" && UL.queueHasAll) return;
     var badge = document.getElementById("nav-pending");
     UL.setPending(Math.max(0, (parseInt(badge.textContent, 10) || 0) + delta));
   }
   UL.onConnect(function (reconnected) {
-    if (!reconnected || document.body.dataset.page === "queue") return;
+    if (!reconnected || (document.body.dataset.page === "queue" && UL.queueHasAll)) return;
     UL.api("GET", "/api/v1/approvals/stats").then(function (stats) {
       if (stats && typeof stats.pending === "number") UL.setPending(stats.pending);
     }, function () {});
+  });
+
+  /* The compensation-failures badge follows undo entries moving into and out of
+   * compensation_failed (a failure, a retry, a resolution), as session.updated reports them. */
+  UL.on("session.updated", function (payload) {
+    var delta = 0;
+    (payload.changes || []).forEach(function (change) {
+      if (change.what !== "undo_entry") return;
+      if (change.to === "compensation_failed") delta += 1;
+      if (change.from === "compensation_failed") delta -= 1;
+    });
+    if (!delta) return;
+    var badge = document.getElementById("nav-failures");
+    var count = Math.max(0, (parseInt(badge.textContent, 10) || 0) + delta);
+    badge.textContent = count;
+    badge.hidden = count === 0;
   });
 
   /* ------------------------------------------------------------ incident banner */

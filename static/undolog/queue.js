@@ -1,10 +1,28 @@
 /* The approval queue: rows arrive and leave live; on every (re)connect the pending list is
- * re-fetched from the API and the table reconciled with it, so nothing missed stays missed. */
+ * re-fetched from the API and the table reconciled with it, so nothing missed stays missed.
+ * Filtered or paged, the table is a part of the queue: a new request joins it only if it
+ * matches the filters and belongs on this page, and the count is the whole queue's (the nav's). */
 (function () {
   "use strict";
   var UL = window.UL;
   var tbody = document.getElementById("queue-rows");
   var template = document.getElementById("queue-row-template");
+  var filters = JSON.parse(document.getElementById("queue-filters-data").textContent);
+  var nextPage = document.getElementById("next-page");
+  var whole = !nextPage && location.search.indexOf("after=") === -1 &&
+    !Object.keys(filters).some(function (name) { return filters[name]; });
+  UL.queueHasAll = whole;  // live.js leaves the nav count to this list only when it is the whole queue
+
+  function matches(item) {
+    if (filters.agent && item.agent !== filters.agent) return false;
+    if (filters.tool && item.tool !== filters.tool) return false;
+    if (filters.tag && (item.risk_tags || []).indexOf(filters.tag) === -1) return false;
+    if (filters.age) return false;  // a request that just arrived has not waited that long
+    var all = rows();
+    // With a next page, a later deadline than this page's last belongs to a later page.
+    if (nextPage && all.length && Date.parse(item.timeout_at) > Date.parse(all[all.length - 1].dataset.deadline)) return false;
+    return true;
+  }
   var soundToggle = document.getElementById("sound-toggle");
   soundToggle.checked = localStorage.getItem("undolog.sound") === "1";
   soundToggle.addEventListener("change", function () {
@@ -75,13 +93,17 @@
 
   function update() {
     var count = rows().length;
-    document.getElementById("queue-count").textContent = count;
     document.getElementById("queue-empty").hidden = count > 0;
-    UL.setPending(count);
+    if (whole) {
+      UL.setPending(count);
+      document.getElementById("queue-count").textContent = count;
+    } else {
+      document.getElementById("queue-count").textContent = parseInt(document.getElementById("nav-pending").textContent, 10) || 0;
+    }
   }
 
   function add(item, fresh) {
-    if (!item || !item.id || (item.state && item.state !== "pending") || rowOf(item.id)) return false;
+    if (!item || !item.id || (item.state && item.state !== "pending") || rowOf(item.id) || !matches(item)) return false;
     var row = build(item);
     insertSorted(row);
     if (fresh) {
@@ -142,7 +164,7 @@
           row.dataset.deadline = item.timeout_at;
           row.querySelector("time.countdown").setAttribute("datetime", item.timeout_at);
           insertSorted(row);
-        } else if (!row) {
+        } else if (!row && whole) {
           add(item, true);
         }
       });

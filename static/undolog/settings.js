@@ -6,11 +6,12 @@
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     var body = {
-      approval_timeout_s: parseInt(form.approval_timeout_s.value, 10),
+      // amount × unit (seconds per unit): the API keeps seconds.
+      approval_timeout_s: parseInt(form.approval_timeout_amount.value, 10) * parseInt(form.approval_timeout_unit.value, 10),
       auto_approve_on_timeout: form.auto_approve_on_timeout.checked,
       context_window: parseInt(form.context_window.value, 10),
       email_notifications: form.email_notifications.checked,
-      time_zone: form.time_zone.value.trim()
+      time_zone: form.time_zone.value
     };
     UL.act(form.querySelector("button[type=submit]"), function () {
       return UL.api("PATCH", "/api/v1/org/settings", body);
@@ -21,7 +22,8 @@
   if (!hookForm) return;
   hookForm.addEventListener("submit", function (event) {
     event.preventDefault();
-    var kinds = hookForm.event_types.value.split(",").map(function (s) { return s.trim(); }).filter(Boolean);
+    var kinds = Array.prototype.map.call(hookForm.querySelectorAll("input[name=event_types]:checked"),
+                                         function (box) { return box.value; });
     UL.act(hookForm.querySelector("button[type=submit]"), function () {
       return UL.api("POST", "/api/v1/webhooks", {url: hookForm.url.value.trim(), event_types: kinds,
                                                   slack: hookForm.slack.checked});

@@ -24,7 +24,7 @@ def test_it_lists_the_orgs_agents_with_state_and_todays_counters(acme, outsider,
 def test_the_agents_list_is_for_people(client, acme):
     assert acme.api.get("/api/v1/agents").status_code == 403
     assert client.get("/api/v1/agents").status_code == 401
-    assert acme.admin.post("/api/v1/agents", {}, format="json").status_code == 405
+    assert acme.admin.delete("/api/v1/agents").status_code == 405
 
 
 def test_suspend_by_hand_then_resume(acme, budget_tools):

@@ -42,6 +42,29 @@ def test_it_sizes_the_cap_just_above_healthy_runs(acme):
     assert len(cost["histogram"]) == 10 and sum(b["runs"] for b in cost["histogram"]) == 22
 
 
+def test_the_suggestion_is_never_below_a_healthy_run(acme):
+    runs(acme, [1] * 40 + [6])  # one big run that went well: above the p95, still healthy
+
+    body = acme.viewer.get(URL).json()
+
+    irreversible, cost = body["irreversible_per_run"], body["cost_per_run"]
+    assert (irreversible["healthy_p95"], irreversible["healthy_max"]) == (1, 6)
+    assert irreversible["suggested"] == {"limit": "max_irreversible_per_run", "value": 6, "healthy_runs_over_it": 0}
+    assert (cost["healthy_max"], cost["suggested"]["value"], cost["suggested"]["healthy_runs_over_it"]) == (
+        30.01, 30.01, 0)
+
+
+def test_the_agents_page_draws_the_same_suggestion(acme):
+    from approvals import dashboard
+
+    runs(acme, [1] * 40 + [6])
+
+    row = dashboard.agents_context(acme.org)["agents"][0]
+
+    assert row["caps"]["irreversible"]["suggested"] == 6
+    assert row["caps"]["cost"]["suggested"] == 30.01
+
+
 def test_small_counts_get_one_bin_per_value(acme):
     runs(acme, [0, 1, 1, 3])
 

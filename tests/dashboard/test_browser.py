@@ -352,13 +352,17 @@ def test_an_admin_saves_the_org_settings_and_adds_and_deletes_a_webhook(acme, se
     log_in(page, acme.admin.user)
     page.goto("/settings/")
 
-    page.fill("input[name=approval_timeout_s]", "600")
+    shown = (page.input_value("input[name=approval_timeout_amount]"),
+             page.input_value("select[name=approval_timeout_unit]"))
+    page.fill("input[name=approval_timeout_amount]", "10")  # 10 minutes
     page.check("input[name=auto_approve_on_timeout]")
     page.fill("input[name=context_window]", "7")
+    page.select_option("select[name=time_zone]", "Europe/Berlin")
     page.click("#settings-form button[type=submit]")
     page.wait_for_selector(".flash.ok")
     page.fill("#webhook-form input[name=url]", "http://127.0.0.1:9/hooks/undolog")
-    page.fill("#webhook-form input[name=event_types]", "approval.requested, compensation.failed")
+    page.check("#webhook-form input[value='approval.requested']")
+    page.check("#webhook-form input[value='compensation.failed']")
     page.click("#webhook-form button[type=submit]")
     page.wait_for_selector("#webhook-secret:not([hidden])")
     hook = acme.admin.get("/api/v1/webhooks").json()["webhooks"][0]
@@ -368,7 +372,9 @@ def test_an_admin_saves_the_org_settings_and_adds_and_deletes_a_webhook(acme, se
     page.wait_for_selector(f'tr[data-webhook="{hook["id"]}"]', state="detached")
 
     acme.org.refresh_from_db()
+    assert shown == ("15", "60")  # the default 900 s shows as 15 minutes
     assert (acme.org.approval_timeout_s, acme.org.auto_approve_on_timeout, acme.org.context_window) == (600, True, 7)
+    assert acme.org.time_zone == "Europe/Berlin"
     assert hook["event_types"] == ["approval.requested", "compensation.failed"]
     assert hook["secret_hint"][1:] in secret_shown
     assert acme.admin.get("/api/v1/webhooks").json()["webhooks"] == []

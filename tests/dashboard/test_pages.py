@@ -352,3 +352,15 @@ def test_it_offers_to_restore_the_cap_an_agent_had_before_its_switch(acme, tools
 
     assert 'data-action="agent-incident-off" data-restore="4"' in html
     assert "irreversible calls stopped" in html
+
+
+def test_the_admin_link_is_for_staff_only(acme, tools):
+    staff = acme.admin.user
+    staff.is_staff = True
+    staff.save()
+
+    shown = page_client(acme, "admin").get("/").content.decode()
+    hidden = page_client(acme, "reviewer").get("/").content.decode()
+
+    assert 'class="admin-link" href="/admin/"' in shown
+    assert "admin-link" not in hidden

@@ -45,14 +45,34 @@ def test_the_queue_takes_a_fixed_number_of_queries(acme, busy):
 
     assert many == few, statements
     # the pending rows; approvals' 7-day stats: pending and overdue counts (which the nav badge
-    # reuses, so the frame's own count is skipped), the 7 days' decisions
-    assert many == FRAME - 1 + 1 + 2, statements
+    # reuses, so the frame counts only the compensation failures), the 7 days' decisions; the
+    # agents and the irreversible tools (with their risk tags) for the filters
+    assert many == FRAME - 1 + 1 + 1 + 2 + 2, statements
+
+
+def test_the_decided_tab_filtered_and_paged_takes_a_fixed_number_of_queries(acme, busy):
+    for held in busy:
+        acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")
+    client = page_client(acme)
+    url = "/?tab=decided&agent=cleanup&tool=delete_account&tag=data-loss&age=5m"
+
+    n, statements = count(client, url)
+
+    assert n == FRAME - 1 + 1 + 2 + 2 + 1, statements  # as the queue, with the decided page for the rows
 
 
 def test_an_approval_takes_a_fixed_number_of_queries(acme, busy):
     n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
 
     assert n == FRAME + 2, statements  # the request (with session, agent, effect), its history
+
+
+def test_a_decided_approval_adds_one_query_for_the_next_pending(acme, busy):
+    acme.reviewer.post(f"/api/v1/approvals/{busy[0]['approval']['id']}/approve", {}, format="json")
+
+    n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
+
+    assert n == FRAME + 3, statements
 
 
 def test_the_sessions_list_takes_a_fixed_number_of_queries(acme, busy):
@@ -91,8 +111,9 @@ def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
     many, statements = count(client, "/agents/")
 
     assert many == few, statements
-    # the agents, their runs per day, the budget policies, today's counters, the healthy runs
-    assert many == FRAME + 5, statements
+    # the agents, their runs per day, the budget policies, today's counters, the healthy runs; and
+    # today's usage from the effect log (the tools' weights, the day's effects, its SAFE calls)
+    assert many == FRAME + 5 + 3, statements
 
 
 def test_the_agents_page_reads_the_cap_to_restore_once_for_all_switched_off_agents(acme, busy):
@@ -105,7 +126,7 @@ def test_the_agents_page_reads_the_cap_to_restore_once_for_all_switched_off_agen
 
     n, statements = count(client, "/agents/")
 
-    assert n == FRAME + 5 + 1, statements  # the budget history of the switched agents, one query
+    assert n == FRAME + 8 + 1, statements  # the budget history of the switched agents, one query
 
 
 def test_the_failures_page_takes_a_fixed_number_of_queries(acme, busy):
@@ -121,3 +142,17 @@ def test_the_settings_page_takes_a_fixed_number_of_queries(acme, busy):
     n, statements = count(page_client(acme, "admin"), "/settings/")
 
     assert n <= FRAME + 1, statements  # the webhooks
+
+
+def test_the_agents_page_reads_every_agents_keys_in_one_query_for_admins(acme, busy):
+    from orgs.models import AgentKey
+
+    client = page_client(acme, "admin")
+    few, _ = count(client, "/agents/")
+    for agent in Agent.objects.for_org(acme.org):
+        AgentKey.issue(agent)
+        AgentKey.issue(agent)
+
+    many, statements = count(client, "/agents/")
+
+    assert many == few == FRAME + 8 + 1, statements  # the keys of all agents, one query

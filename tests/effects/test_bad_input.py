@@ -110,8 +110,9 @@ def test_a_session_for_another_agent_name_is_a_404(acme, tools):
     assert not Session.objects.exists()
 
 
-@pytest.mark.parametrize("body", [{}, {"agent": 5}, {"agent": "cleanup", "metadata": []},
-                                  {"agent": "cleanup", "owner": "x"}])
+# ({} is a valid body since the key's agent is implied: tests/orgs/test_keys_api.py.)
+@pytest.mark.parametrize("body", [{"agent": 5}, {"agent": "cleanup", "metadata": []},
+                                  {"agent": "cleanup", "owner": "x"}, {"metadata": "x"}])
 def test_a_bad_session_body_is_a_400(acme, tools, body):
     response = acme.api.post("/api/v1/sessions", body, format="json")
 

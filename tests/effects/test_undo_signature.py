@@ -87,3 +87,37 @@ def test_it_is_accepted_with_two_secrets_while_the_org_rotates(acme, stack_of):
 
     assert [d.verified for d in rotating.log] == [True]
     assert stack.session.state == "compensated"
+
+
+def test_the_documented_receiver_undoes_a_real_delivery_once_and_refuses_a_bad_signature(acme, eager):
+    """effects/README.md's complete receiver, run as written (with its verify) on a real port."""
+    import threading
+    from http.server import HTTPServer
+
+    section = README.read_text().split("## Verifying webhooks", 1)[1]
+    verify_code, receiver_code = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    namespace: dict = {}
+    exec(compile(verify_code + receiver_code, str(README), "exec"), namespace)
+    undone: list[tuple[str, dict]] = []
+    namespace["SECRETS"][:] = [acme.org.webhook_secret]
+    namespace["undo"] = lambda fn_name, args: undone.append((fn_name, args))
+    server = HTTPServer(("127.0.0.1", 0), namespace["Undo"])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/undo"
+    try:
+        from tests.effects.conftest import build_stack
+
+        stack = build_stack(acme, url, 2)
+        stack.fail()
+        entry = stack.entry(0)
+        again = webhooks.post(url, {"fn_name": "undo_send_email", "args": {"to": "user1@x.io"}},
+                              secret=acme.org.webhook_secret, timeout_s=5, headers={"Idempotency-Key": str(entry.pk)})
+        forged = webhooks.post(url, {"fn_name": "undo_send_email", "args": {}}, secret=new_webhook_secret(),
+                               timeout_s=5, headers={"Idempotency-Key": "forged"})
+    finally:
+        server.shutdown()
+
+    assert undone == [("undo_send_email", {"to": "user2@x.io"}), ("undo_send_email", {"to": "user1@x.io"})]
+    assert stack.session.state == "compensated"
+    assert (again.status_code, len(undone)) == (200, 2)  # a repeated key: 2xx, not undone twice
+    assert (forged.status_code, forged.retryable) == (401, False)

@@ -85,3 +85,48 @@ def test_it_runs_the_whole_demo_unattended_in_well_under_a_minute():
         pass
     assert not embedded_redis.answers(var_dir / "redis.sock")
     shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def test_make_demo_finds_make_run_on_its_port_and_keeps_to_an_org_of_its_own():
+    """`PORT=… make run` in one terminal, `PORT=… make demo` in another: the demo attaches to
+    that server (no server of its own), plays in its own org, and leaves the tour's org alone."""
+    import signal
+    import sqlite3
+
+    from sdk.demo.server import free_port, is_up
+
+    var_dir = Path(settings.VAR_DIR) / f"test-make-run-{os.getpid()}"
+    shutil.rmtree(var_dir, ignore_errors=True)
+    port = free_port()
+    # Not the test run's database or broker: `make test DATABASE_URL=…` hands its variables to
+    # every make below it through MAKEFLAGS, so those go too.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("UNDOLOG_") and k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE",
+                                                          "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env.update(UNDOLOG_VAR_DIR=str(var_dir), PORT=str(port))
+    var_dir.mkdir(parents=True)
+    with (var_dir / "make-run.log").open("wb") as log:
+        run = subprocess.Popen(["make", "-s", "run"], cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not is_up(f"http://127.0.0.1:{port}"):
+            assert run.poll() is None and time.monotonic() < deadline, (var_dir / "make-run.log").read_text()
+            time.sleep(0.2)
+        done = subprocess.run(["make", "-s", "demo"], cwd=BASE_DIR, env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        run.wait(timeout=30)
+    with sqlite3.connect(var_dir / "undolog.sqlite3") as db:
+        tools = dict(db.execute("SELECT o.slug, count(t.id) FROM orgs_organization o "
+                                "LEFT JOIN effects_tool t ON t.org_id = o.id GROUP BY o.slug").fetchall())
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"on the server already running at http://127.0.0.1:{port}" in done.stdout
+    assert "starting one of its own" not in done.stdout
+    assert "org cleanup-demo (the demo's own: the tour's org demo is left alone)" in done.stdout
+    assert "reset to the guide's five" in done.stdout
+    assert "wait_compensated() -> compensated" in done.stdout
+    assert tools["demo"] == 0 and tools["cleanup-demo"] >= 5, tools

@@ -9,8 +9,9 @@ class Command(BaseCommand):
 
     def handle(self, **options) -> None:
         if Organization.objects.filter(slug="demo").exists():
-            self.stdout.write("Demo org exists; its agent key was printed on the first run "
-                              "(make a new one with: python manage.py createagent demo demo-agent).")
+            self.stdout.write("Demo org exists; its agent key was printed on the first run. Issue a new one on "
+                              "the dashboard's Agents page (as admin), or: .venv/bin/python manage.py "
+                              "createagent demo demo-agent")
             return
         org = Organization.objects.create(slug="demo", name="Demo")
         agent = Agent.objects.create(org=org, name="demo-agent")

@@ -70,6 +70,7 @@ class WaitInfo:
     state: str
     waited_s: float
     timeout_at: str | None
+    url: str | None = None  # the approval's page on the dashboard, where a reviewer decides
 
 
 class Session:
@@ -81,8 +82,7 @@ class Session:
                  metadata: Mapping[str, Any] | None = None, session_id: str | None = None,
                  approval_timeout: float | None = None, poll_wait: float = 30.0,
                  on_wait: Callable[[WaitInfo], None] | None = None) -> None:
-        if session_id is None and not agent:
-            raise ValueError("a new session needs agent= (or UNDOLOG_AGENT)")
+        # No agent: the server takes the key's own agent (a key belongs to exactly one).
         self._http = http
         self.id: str | None = session_id
         self.agent = agent
@@ -96,6 +96,8 @@ class Session:
         self._safe: deque[dict[str, Any]] = deque()
         self._reasoning: str | None = None
         self._token: Token[Session | None] | None = None
+        # Compensable effects this run started: what a failure rolls back.
+        self._undoable: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Session {self.id} agent={self.agent!r} state={self.state!r}>"
@@ -121,7 +123,10 @@ class Session:
     def _open_call(self) -> Call:
         if self.id is not None:
             return Call("GET", f"/api/v1/sessions/{self.id}")
-        return Call("POST", "/api/v1/sessions", {"agent": self.agent, "metadata": self.metadata})
+        body: dict[str, Any] = {"metadata": self.metadata}
+        if self.agent:
+            body["agent"] = self.agent
+        return Call("POST", "/api/v1/sessions", body)
 
     def _open(self, answer: Mapping[str, Any]) -> None:
         resumed = self.id is not None
@@ -164,6 +169,7 @@ class Session:
                 answer = yield from self._finish("complete", {})
             else:
                 answer = yield from self._finish("fail", {"error": describe(exc)})
+                self._log_rollback(exc)
         except UndoLogError as err:
             if exc is None and not isinstance(err, SessionNotRunning):
                 raise
@@ -174,6 +180,20 @@ class Session:
             self.state = getattr(err, "state", None) or self.state
             return
         self._apply(answer)
+
+    def _log_rollback(self, exc: BaseException) -> None:
+        """Say that the failure rolls back, and how much: a silent rollback looks like nothing
+        happened, or like everything was lost."""
+        count = len(self._undoable)
+        if count:
+            log.warning("run %s failed (%s): rolling back %d call%s, newest first; follow it at %s",
+                        self.id, describe(exc), count, "" if count == 1 else "s",
+                        self._page("sessions", self.id))
+        else:
+            log.warning("run %s failed (%s): nothing to roll back", self.id, describe(exc))
+
+    def _page(self, kind: str, pk: Any) -> str:
+        return f"{self._http.base_url}/{kind}/{pk}/"
 
     def _finish(self, verb: str, body: dict[str, Any]) -> Flow:
         """POST complete/fail, reporting the last SAFE calls if the server takes them."""
@@ -305,14 +325,16 @@ class Session:
         ``elsewhere``: someone else (another caller, the worker) runs it; wait for that.
         """
         started = time.monotonic()
-        timeout_at = (answer.get("approval") or {}).get("timeout_at")
+        approval = answer.get("approval") or {}
+        timeout_at = approval.get("timeout_at")
+        url = self._page("approvals", approval["id"]) if approval.get("id") else None
         while True:
             state = effect.get("state")
             server_runs = elsewhere or _server_runs(tool, effect)
             if state == "committed" or (state == "approved" and not server_runs):
                 return effect
             if state == "pending" or (server_runs and state in ("approved", "executing")):
-                answer = yield from self._poll(tool, effect, started, timeout_at)
+                answer = yield from self._poll(tool, effect, started, timeout_at, url)
                 effect = answer.get("effect") or {}
                 # It was pending or approved a moment ago: executing now means someone
                 # else (another caller, the worker) started it. Wait for their outcome.
@@ -321,7 +343,7 @@ class Session:
             raise self._unrunnable(tool, answer, effect)
 
     def _poll(self, tool: DeclaredTool, effect: Mapping[str, Any], started: float,
-              timeout_at: str | None) -> Flow:
+              timeout_at: str | None, url: str | None = None) -> Flow:
         """One long poll of the effect, bounded by ``approval_timeout``."""
         waited = time.monotonic() - started
         wait = self.poll_wait
@@ -335,7 +357,7 @@ class Session:
                     effect_id=effect.get("id"))
             wait = min(wait, remaining)
         self._notify(WaitInfo(tool.name, str(effect.get("id")), str(effect.get("state")),
-                              waited, timeout_at))
+                              waited, timeout_at, url))
         before = time.monotonic()
         answer = yield Call("GET", f"/api/v1/effects/{effect.get('id')}",
                             params={"wait": _wait_param(wait)}, timeout=wait + 15)
@@ -353,8 +375,9 @@ class Session:
                      info.tool, info.effect_id, info.state, info.waited_s)
             return
         deadline = f", deadline {info.timeout_at}" if info.timeout_at else ""
-        log.info("%s waits for a reviewer (effect %s, %s, %.0fs so far%s)",
-                 info.tool, info.effect_id, info.state, info.waited_s, deadline)
+        where = info.url or f"effect {info.effect_id}"
+        log.info("%s waits for a reviewer: %s (%.0fs so far%s)",
+                 info.tool, where, info.waited_s, deadline)
 
     def _unrunnable(self, tool: DeclaredTool, answer: Mapping[str, Any],
                     effect: Mapping[str, Any]) -> UndoLogError:
@@ -398,6 +421,8 @@ class Session:
 
     def _run(self, effect: Mapping[str, Any]) -> Flow:
         effect_id = effect.get("id")
+        if effect.get("tier") == "compensable":
+            self._undoable.add(str(effect_id))  # its undo entry is pushed before it runs
         try:
             result = yield RUN
         except Exception as exc:

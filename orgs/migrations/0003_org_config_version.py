@@ -45,8 +45,8 @@ def drop_triggers(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("orgs", "0001_initial"),
-        ("effects", "0002_undo_walk_leases_and_attempt_backoff"),
+        ("orgs", "0002_key_rotation"),
+        ("effects", "0003_templates_from_results_and_agent_side_undo"),
         ("budgets", "0002_budgets_policies_counters_outcomes"),
     ]
 
