@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -71,6 +72,16 @@ def test_a_revoked_key_is_refused_by_every_worker_from_its_next_call(server):
     AgentKey.objects.get(agent=persona.agent).revoke()
 
     assert Counter(r.status_code for r in agent.in_pairs()) == {401: 2 * PAIRS}
+
+
+def test_a_rotated_key_past_its_grace_is_refused_by_every_worker_while_its_successor_works(server):
+    persona, agent = warmed(server, "fp-rotate")
+
+    _, successor = AgentKey.objects.get(agent=persona.agent).rotate(grace=timedelta(0))
+
+    assert Counter(r.status_code for r in agent.in_pairs()) == {401: 2 * PAIRS}
+    agent.headers = {"Authorization": f"Bearer {successor}"}
+    assert Counter(r.status_code for r in agent.in_pairs(pairs=2)) == {201: 4}
 
 
 def test_a_suspended_agent_is_refused_by_every_worker_from_its_next_call(server):
