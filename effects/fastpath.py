@@ -225,7 +225,7 @@ def _run_caps(limits: Limits, tool: Tool) -> tuple[str, ...] | None:
     return tuple(caps)
 
 
-def _execute(sql: str, params: dict[str, Any]) -> tuple | None:
+def execute(sql: str, params: dict[str, Any]) -> tuple | None:
     """Run one statement as a server-side prepared statement (planned once per connection, not per
     call: most of its cost otherwise), on its own in autocommit, or in a savepoint inside a caller's
     transaction (tests), so a unique violation leaves that transaction usable. Logged like every
@@ -300,7 +300,7 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
               "safe": Jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
               "safe_steps": list(safe),
               "effect": _row(effect), "entry": _row(entry)}
-    row = _execute(sql, params)
+    row = execute(sql, params)
     if row is None:
         return None
     pushed, version, *existing = row
@@ -367,7 +367,7 @@ def commit(request, effect_id: str) -> HttpResponse | None:
     result = data.get("result")
     now = timezone.now()
     AgentKey.touch_remembered(key)
-    row = _execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
+    row = execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
                                  "result": Effect._meta.get_field("result").get_db_prep_save(result, connection),
                                  "actor": f"agent:{key.agent_name}"})
     if row is None:
