@@ -455,7 +455,7 @@ class EffectViewSet(ViewSet):
     def retrieve(self, request: Request, pk: str) -> Response:
         effect = self._get(request, pk)
         wait = _wait_seconds(request)
-        if wait and effect.state in (Effect.State.PENDING, Effect.State.EXECUTING, Effect.State.APPROVED):
+        if wait and effect.state in longpoll.WAITED_ON:
             seen = effect.state
 
             def changed() -> bool:

@@ -20,6 +20,10 @@ def _client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
 
 
+# The states a long poll waits on (`GET /effects/{id}?wait=`): a move out of any other wakes nobody.
+WAITED_ON = frozenset({"pending", "executing", "approved"})
+
+
 def channel(effect_id: uuid.UUID | str) -> str:
     return f"undolog:effect:{effect_id}"
 

@@ -661,7 +661,10 @@ class UndoEntry(models.Model):
         verbose_name_plural = "undo entries"
         # The walk asks for the top open entry of a session at every step: this index hands the
         # stack over in LIFO order instead of sorting all of it each time.
-        indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_lifo")]
+        # Only the open entries: the walk looks for the top open entry at every step, and a full index
+        # would make it step over every entry already compensated (quadratic in the stack's size).
+        indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_open_lifo",
+                                condition=models.Q(state__in=["pending", "running", "compensation_failed"]))]
 
     def __str__(self) -> str:
         return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"

@@ -271,7 +271,8 @@ def _effect_moved(effect: Effect, from_state: str | None, to: str, now: datetime
         return
     effect.state, effect.updated = to, now
     effect.announce(from_state, to)
-    longpoll.publish(effect.pk)
+    if from_state in longpoll.WAITED_ON:
+        longpoll.publish(effect.pk)
 
 
 def _fenced_out(entry: UndoEntry, number: int) -> None:
