@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from approvals import notify
 from approvals.models import ApprovalRequest
 from budgets import guard
 from effects.models import (
@@ -185,8 +186,6 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect))
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
     session.await_approval(actor=f"agent:{agent.name}")
-    from approvals import notify
-
     notify.approval_requested(approval)
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
     return Answer(202, {"decision": "await_approval", "effect": effect_body, "approval": approval.summary()})
