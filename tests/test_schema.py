@@ -40,14 +40,14 @@ def acme(transactional_db):
     return persona
 
 
-def schemathesis(base: str, authorization: str) -> subprocess.CompletedProcess:
+def schemathesis(base: str, authorization: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(Path(sys.executable).with_name("st")), "run", f"{base}/api/schema/",
          "-H", f"Authorization: {authorization}",
          "--checks", "all", "--exclude-checks", EXCLUDED, "--phases", "examples,coverage,fuzzing",
          "--max-examples", "10", "--seed", "14", "--workers", "1", "--max-time", str(RUN_S),
          "--request-timeout", "10", "--no-color"],
-        capture_output=True, text=True, timeout=RUN_S + 60)
+        capture_output=True, text=True, timeout=RUN_S + 60, cwd=cwd)  # its .schemathesis/ cache stays in cwd
 
 
 def summary(run: subprocess.CompletedProcess) -> str:
@@ -55,11 +55,11 @@ def summary(run: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("who", ["agent", "reviewer"])
-def test_it_answers_as_its_schema_says_to_schemathesis(acme, server, who):
+def test_it_answers_as_its_schema_says_to_schemathesis(acme, server, who, tmp_path):
     token = Token.objects.get(user=acme.reviewer.user).key
     authorization = f"Bearer {acme.key}" if who == "agent" else f"Token {token}"
 
-    run = schemathesis(server, authorization)
+    run = schemathesis(server, authorization, tmp_path)
 
     print(summary(run))  # the run's summary in the test log (pytest -s, or on failure)
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-3000:]
