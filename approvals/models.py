@@ -531,9 +531,10 @@ class WebhookDelivery(models.Model):
 
     def backoff(self, number: int) -> timedelta:
         """The wait after attempt `number` failed: the one backoff (`core.retry`), doubling from
-        UNDOLOG_WEBHOOK_RETRY_BASE_MS up to an hour, jittered over its upper half."""
+        UNDOLOG_WEBHOOK_RETRY_BASE_MS up to an hour, without jitter (a receiver's own retry
+        budget is what these fan out over; the settings promise the doubling)."""
         base = settings.UNDOLOG_WEBHOOK_RETRY_BASE_MS / 1000
-        return timedelta(seconds=retry.backoff_s(number, base, 3600, spread=0.5))
+        return timedelta(seconds=retry.backoff_s(number, base, 3600, spread=0))
 
     def finish(self, **fields: Any) -> bool:
         """Release our claim with the outcome; False if our lease ran out and someone else holds it."""

@@ -3,8 +3,9 @@ escalations (budgets), and the undo walk's compensation attempts (effects).
 
 An exponential ceiling, base · 2^(attempt − 1), capped; the wait is drawn from the top
 `spread` of it (AWS, "Exponential Backoff And Jitter"): spread 1 is full jitter (many walks
-that failed together against one receiver come back spread out), 0.5 keeps at least half the
-ceiling, 0 is the ceiling itself."""
+that failed together against one receiver come back spread out: the undo walk), 0.5 keeps at
+least half the ceiling (escalations), 0 is the ceiling itself (webhook and executor
+deliveries, whose doubling UNDOLOG_WEBHOOK_RETRY_BASE_MS documents)."""
 
 from __future__ import annotations
 
