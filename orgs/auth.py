@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
@@ -146,17 +147,29 @@ def role_required(role: str) -> type[HasRole]:
     return _ROLES[role]
 
 
+def explained(permission: Any, message: str) -> type[permissions.BasePermission]:
+    """A composition of the classes above (DRF's | and &) with the sentence a refused caller
+    reads (DRF's compositions carry none)."""
+    return type("Explained", (permissions.BasePermission,), {
+        "message": message, "__module__": __name__,
+        "has_permission": lambda self, request, view: permission().has_permission(request, view)})
+
+
 IsViewer = IsMember = role_required(Membership.Role.VIEWER)  # a person with any role; never an agent
 IsReviewer = role_required(Membership.Role.REVIEWER)
 IsAdmin = role_required(Membership.Role.ADMIN)
-IsAgentOrMember = IsAgent | IsViewer
-IsAgentOrReviewer = IsAgent | IsReviewer
+IsAgentOrMember = explained(IsAgent | IsViewer, "This needs an agent key of the organization, or a member.")
+IsAgentOrReviewer = explained(IsAgent | IsReviewer, "This needs an agent key, or the reviewer role.")
 # Agents register their own tools and compensations; people read them, admins change them.
-IsAgentOrAdmin = IsAgent | ReadOnly & IsViewer | IsAdmin
+IsAgentOrAdmin = explained(IsAgent | ReadOnly & IsViewer | IsAdmin,
+                           "Agents register their own; people read with the viewer role and change with admin.")
 # People: viewers read, admins write; agents nothing.
-ReadViewerWriteAdmin = ReadOnly & IsViewer | IsAdmin
+ReadViewerWriteAdmin = explained(ReadOnly & IsViewer | IsAdmin,
+                                 "Reading needs the viewer role in the organization; changing it needs admin.")
 # As above, and an agent reads (only) its own budget: the views scope what it sees.
-OwnBudgetOrReadViewerWriteAdmin = ReadOnly & (IsAgent | IsViewer) | IsAdmin
+OwnBudgetOrReadViewerWriteAdmin = explained(ReadOnly & (IsAgent | IsViewer) | IsAdmin,
+                                            "Reading needs the viewer role (an agent reads its own); changing "
+                                            "it needs admin.")
 
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):
