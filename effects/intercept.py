@@ -70,8 +70,11 @@ def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
     for n, item in enumerate(raw):
         if not isinstance(item, dict) or set(item) - SAFE_CALL_FIELDS:
             errors[f"safe_calls[{n}]"] = "Must be an object with tool, step_index and optional args."
-        elif not isinstance(item.get("tool"), str) or not item["tool"] or not _is_index(item.get("step_index")):
-            errors[f"safe_calls[{n}]"] = "tool must be a non-empty string and step_index a non-negative integer."
+        elif (not isinstance(item.get("tool"), str) or not item["tool"] or len(item["tool"]) > 200
+              or not _is_index(item.get("step_index"))):
+            # 200: SafeCall.tool_name's column (PostgreSQL refuses longer; SQLite would not say)
+            errors[f"safe_calls[{n}]"] = ("tool must be a non-empty string of at most 200 characters and "
+                                          "step_index a non-negative integer.")
         elif not isinstance(item.get("args", {}), dict):
             errors[f"safe_calls[{n}]"] = "args must be an object."
         else:

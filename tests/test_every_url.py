@@ -198,3 +198,20 @@ def test_it_accepts_json_nested_up_to_the_limit(first):
     response = intercept(first, session, "send_email", args, 3)
 
     assert response.status_code == 201, response.content[:300]
+
+
+@pytest.mark.parametrize("body", [
+    {"tool": "send_email", "args": {"to": "nul\u0000@x.io"}, "step_index": 3},
+    {"tool": "send_email", "args": {"to": "a@x.io"}, "step_index": 3, "reasoning": "a\u0000b"},
+    {"tool": "send_email", "args": {"to": "a@x.io"}, "step_index": 3,
+     "safe_calls": [{"tool": "t" * 201, "step_index": 2, "args": {}}]},
+], ids=["nul in args", "nul in reasoning", "safe call name past its column"])
+def test_it_refuses_what_the_database_cannot_store_with_a_400(first, body):
+    session = open_session(first)
+
+    response = intercept(first, session, body["tool"], body["args"], body["step_index"],
+                         **{k: v for k, v in body.items() if k not in ("tool", "args", "step_index")})
+
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"] == "invalid"
+    assert not Effect.objects.filter(session_id=session).exists()

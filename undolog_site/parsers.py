@@ -38,6 +38,22 @@ def depth_exceeds(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def has_nul(data: Any) -> bool:
+    """Whether a key or a string anywhere in `data` contains NUL. Iterative."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 class DepthLimitedJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         raw = stream.read()
@@ -49,4 +65,8 @@ class DepthLimitedJSONParser(JSONParser):
         # counting bytes costs far less than walking the parsed value (the intercept's hot path).
         if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth_exceeds(data):
             raise too_deep()
+        if b"\\u0000" in raw and has_nul(data):
+            # PostgreSQL stores no NUL in text or jsonb: refuse it here, not as a DataError later.
+            raise DomainError("Text in the body may not contain the NUL character (\\u0000).", code="invalid",
+                              status_code=400, fields={"non_field_errors": "NUL (\\u0000) in a string."})
         return data
