@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check bench demo browser clean
+.PHONY: run test lint check schema bench demo browser clean
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ lint: $(STAMP)
 check: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m ruff check .
+	@mkdir -p var
+	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.check.yaml
+	@diff -u docs/openapi.yaml var/openapi.check.yaml > var/openapi.diff || { \
+	  echo "docs/openapi.yaml does not match the code: run 'make schema' and commit it."; head -60 var/openapi.diff; exit 1; }
+
+# The OpenAPI schema, generated from the code into the repo: the API's contract for clients.
+schema: $(STAMP)
+	$(PY) manage.py spectacular --validate --fail-on-warn --file docs/openapi.yaml
 
 bench: $(STAMP)
 	$(PY) -m bench

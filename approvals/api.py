@@ -7,51 +7,28 @@ change settings and webhooks. Everything is scoped to the caller's org: another 
 
 from __future__ import annotations
 
-import statistics
-import uuid
-from collections import defaultdict
-from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Count, Q
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import permissions, serializers
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
-from rest_framework.viewsets import ViewSet
 
-from approvals import events
-from approvals.models import EVENT_KINDS, TIMEOUT_LABEL, ApprovalRequest, OrgWebhook
-from approvals.webhooks import check_target
+from approvals import events, shapes
+from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from core.outbound import check_target
+from core.schema import errors, ok
 from effects.models import EffectTransition
-from orgs.auth import AgentPrincipal, caller_of, role_required
+from orgs.auth import IsAdmin, IsMember, IsReviewer
 from orgs.models import validate_time_zone
-from undolog_site.errors import Invalid, NotFound
+from orgs.views import OrgScopedAPIView, OrgScopedViewSet
+from undolog_site.errors import Invalid
 from undolog_site.validation import StrictSerializer, validated
 
-UUID_PATTERN = "[0-9a-fA-F-]{36}"
-STATS_DAYS = 7
 MAX_WEBHOOKS_PER_ORG = 20
-
-
-class IsMember(permissions.BasePermission):
-    """A person with any role in the org (viewer and up); never an agent key."""
-
-    message = "This endpoint is for the organization's people, not agent keys."
-
-    def has_permission(self, request, view) -> bool:
-        user = request.user
-        if user is None or isinstance(user, AgentPrincipal) or not user.is_authenticated:
-            return False
-        return caller_of(request).membership is not None
-
-
-IsReviewer = role_required("reviewer")
-IsAdmin = role_required("admin")
 
 
 def flag(request: Request, name: str) -> bool:
@@ -110,38 +87,29 @@ def _seconds_left(approval: ApprovalRequest) -> int | None:
     return max(0, int((approval.timeout_at - timezone.now()).total_seconds()))
 
 
-class ApprovalViewSet(ViewSet):
+DECISION_ERRORS = errors(404, 409, codes={
+    404: ["approval_not_found"],
+    409: ["already_decided", "deadline_passed", "args_digest_mismatch", "session_not_awaiting_approval"]})
+
+
+class ApprovalViewSet(OrgScopedViewSet):
     """The approval queue: list, read, approve, reject (and roll back), extend, stats."""
 
-    lookup_value_regex = UUID_PATTERN
+    queryset = ApprovalRequest.objects.select_related("effect__tool", "session__agent")
+    not_found = ("approval_not_found", "No such approval request.")
 
     def get_permissions(self):
         if self.action in ("approve", "reject", "extend"):
             return [IsReviewer()]
         return [IsMember()]
 
-    def queryset(self, request: Request):
-        # Tenancy, once: every lookup below starts from the caller's org.
-        return (ApprovalRequest.objects.for_org(caller_of(request).org)
-                .select_related("effect__tool", "session__agent"))
-
-    def _get(self, request: Request, pk: str) -> ApprovalRequest:
-        try:
-            uuid.UUID(pk)
-        except ValueError:
-            raise NotFound("No such approval request.", code="approval_not_found") from None
-        approval = self.queryset(request).filter(pk=pk).first()
-        if approval is None:
-            raise NotFound("No such approval request.", code="approval_not_found")
-        return approval
-
     @extend_schema(operation_id="v1_approvals_list", parameters=[
-        OpenApiParameter("state", str, enum=list(ApprovalRequest.State.values),
+        OpenApiParameter("state", str, enum=[*ApprovalRequest.State.values, ""],
                          description="pending: oldest deadline first; otherwise newest decision first."),
         OpenApiParameter("limit", int, description="At most this many (default 100, at most 500).")],
-        responses={200: dict})
+        summary="The approval queue", tags=["approvals"], responses=ok(shapes.ApprovalListDict))
     def list(self, request: Request) -> Response:
-        approvals = self.queryset(request)
+        approvals = self.get_queryset()
         state = request.query_params.get("state", "")
         if state and state not in ApprovalRequest.State.values:
             raise Invalid({"state": f"Must be one of {', '.join(ApprovalRequest.State.values)}."},
@@ -153,41 +121,49 @@ class ApprovalViewSet(ViewSet):
         limit = _limit(request)
         return Response({"approvals": [approval_item(a) for a in approvals[:limit]]})
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Read an approval request with its context and history", tags=["approvals"],
+                   responses={**ok(shapes.ApprovalDetailDict), **errors(404, codes={404: ["approval_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
-        return Response(approval_detail(self._get(request, pk)))
+        return Response(approval_detail(self.get_object()))
 
-    @extend_schema(request=ApproveSerializer, responses={200: dict, 409: dict})
+    @extend_schema(summary="Approve: the call may run", tags=["approvals"], request=ApproveSerializer,
+                   responses={**ok(shapes.ApprovalBodyDict), **DECISION_ERRORS},
+                   examples=[OpenApiExample("approve", request_only=True, value={
+                       "reason": "Checked: the account is a test account.",
+                       "args_digest": "3f7a" * 16})])
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str) -> Response:
         data = validated(ApproveSerializer, request.data)
-        approval = self._get(request, pk)
-        approval.approve(caller_of(request).user, data["reason"].strip(), data["args_digest"] or None)
-        return Response({"approval": approval_detail(self._get(request, pk))})
+        approval = self.get_object()
+        approval.approve(self.caller.user, data["reason"].strip(), data["args_digest"] or None)
+        return Response({"approval": approval_detail(self.get_object())})
 
-    @extend_schema(request=RejectSerializer, responses={200: dict, 409: dict},
+    @extend_schema(summary="Reject (and optionally roll the run back)", tags=["approvals"], request=RejectSerializer,
+                   responses={**ok(shapes.ApprovalBodyDict), **DECISION_ERRORS},
                    parameters=[OpenApiParameter("rollback", bool, description="Also fail the session, so its "
                                                 "undo stack is walked.")])
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str) -> Response:
         data = validated(RejectSerializer, request.data)
         rollback = flag(request, "rollback")
-        approval = self._get(request, pk)
-        approval.reject(caller_of(request).user, data["reason"], rollback=rollback)
-        return Response({"approval": approval_detail(self._get(request, pk))})
+        approval = self.get_object()
+        approval.reject(self.caller.user, data["reason"], rollback=rollback)
+        return Response({"approval": approval_detail(self.get_object())})
 
-    @extend_schema(request=ExtendSerializer, responses={200: dict, 409: dict})
+    @extend_schema(summary="Extend the deadline", tags=["approvals"], request=ExtendSerializer,
+                   responses={**ok(shapes.ApprovalBodyDict), **DECISION_ERRORS})
     @action(detail=True, methods=["post"])
     def extend(self, request: Request, pk: str) -> Response:
         data = validated(ExtendSerializer, request.data)
-        approval = self._get(request, pk)
-        approval.extend(data["minutes"], by=caller_of(request).user)
-        return Response({"approval": approval_detail(self._get(request, pk))})
+        approval = self.get_object()
+        approval.extend(data["minutes"], by=self.caller.user)
+        return Response({"approval": approval_detail(self.get_object())})
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Approval stats of the last 7 days", tags=["approvals"],
+                   responses=ok(shapes.ApprovalStatsDict))
     @action(detail=False, methods=["get"])
     def stats(self, request: Request) -> Response:
-        return Response(approval_stats(caller_of(request).org))
+        return Response(ApprovalRequest.objects.for_org(self.org).stats(self.org))
 
 
 def _limit(request: Request) -> int:
@@ -199,56 +175,6 @@ def _limit(request: Request) -> int:
     if not 1 <= limit <= 500:
         raise Invalid({"limit": "Must be a whole number from 1 to 500."}, "limit must be from 1 to 500.")
     return limit
-
-
-def approval_stats(org) -> dict[str, Any]:
-    """Pending now; over the last 7 days: decisions, approval rate, median time to decide
-    (people's decisions only: a deadline is not a decision time), expiries, and the same
-    per calendar day in the org's time zone (for the dashboard's chart)."""
-    now = timezone.now()
-    since = now - timedelta(days=STATS_DAYS)
-    approvals = ApprovalRequest.objects.for_org(org)
-    # Both counts in one pass over the pending rows (the dashboard's queue renders these too).
-    pending = approvals.pending().aggregate(pending=Count("id"), overdue=Count("id", filter=Q(timeout_at__lte=now)))
-    rows = list(approvals.decided_since(since).values_list("state", "decided_by_label", "created", "decided_at"))
-    count: dict[str, int] = defaultdict(int)
-    days = {_day(now - timedelta(days=n), org): {"approved": 0, "rejected": 0, "expired": 0, "waits": []}
-            for n in range(STATS_DAYS, -1, -1)}
-    waits = []
-    for state, label, created, decided_at in rows:
-        day = days.get(_day(decided_at, org)) or {"approved": 0, "rejected": 0, "expired": 0, "waits": []}
-        count[state] += 1
-        day[state] += 1
-        if label == TIMEOUT_LABEL:
-            count["auto_approved"] += state == ApprovalRequest.State.APPROVED
-        else:
-            waits.append((decided_at - created).total_seconds())
-            day["waits"].append(waits[-1])
-    decided = len(rows)
-    return {
-        "pending": pending["pending"],
-        "overdue": pending["overdue"],
-        "window_days": STATS_DAYS,
-        "since": since.isoformat(),
-        "decided": decided,
-        "approved": count["approved"],
-        "auto_approved": count["auto_approved"],
-        "rejected": count["rejected"],
-        "expired": count["expired"],
-        "approval_rate": round(count["approved"] / decided, 4) if decided else None,
-        "median_time_to_decide_s": _median(waits),
-        "per_day": [{"date": date, "approved": day["approved"], "rejected": day["rejected"],
-                     "expired": day["expired"], "median_time_to_decide_s": _median(day["waits"])}
-                    for date, day in days.items()],
-    }
-
-
-def _day(moment, org) -> str:
-    return moment.astimezone(org.tz).date().isoformat()
-
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
 
 
 # ---------------------------------------------------------------- org settings
@@ -277,20 +203,21 @@ def settings_dict(org) -> dict[str, Any]:
     return {"org": org.slug, "name": org.name, **{name: getattr(org, name) for name in SETTINGS_FIELDS}}
 
 
-class OrgSettingsView(APIView):
+class OrgSettingsView(OrgScopedAPIView):
     """The org's approval defaults and notification switches; admins change them."""
 
     def get_permissions(self):
         return [IsAdmin()] if self.request.method == "PATCH" else [IsMember()]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Read the org's settings", tags=["org"], responses=ok(shapes.OrgSettingsDict))
     def get(self, request: Request) -> Response:
-        return Response(settings_dict(caller_of(request).org))
+        return Response(settings_dict(self.org))
 
-    @extend_schema(request=OrgSettingsSerializer, responses={200: dict})
+    @extend_schema(summary="Change the org's settings (admins)", tags=["org"], request=OrgSettingsSerializer,
+                   responses=ok(shapes.OrgSettingsDict))
     def patch(self, request: Request) -> Response:
         data = validated(OrgSettingsSerializer, request.data, partial=True)
-        org = caller_of(request).org
+        org = self.org
         for name, value in data.items():
             setattr(org, name, value)
         if data:
@@ -325,45 +252,40 @@ def webhook_dict(hook: OrgWebhook, *, with_secret: bool = False) -> dict[str, An
     return body
 
 
-class WebhookViewSet(ViewSet):
+class WebhookViewSet(OrgScopedViewSet):
     """Where an org's events go. Admins only: a webhook's URL and secret are sensitive."""
 
-    lookup_value_regex = UUID_PATTERN
+    queryset = OrgWebhook.objects.all()
+    not_found = ("webhook_not_found", "No such webhook.")
     permission_classes = [IsAdmin]
 
-    def _get(self, request: Request, pk: str) -> OrgWebhook:
-        try:
-            uuid.UUID(pk)
-        except ValueError:
-            raise NotFound("No such webhook.", code="webhook_not_found") from None
-        hook = OrgWebhook.objects.for_org(caller_of(request).org).filter(pk=pk).first()
-        if hook is None:
-            raise NotFound("No such webhook.", code="webhook_not_found")
-        return hook
-
-    @extend_schema(operation_id="v1_webhooks_list", responses={200: dict})
+    @extend_schema(operation_id="v1_webhooks_list", summary="List the org's webhooks", tags=["webhooks"],
+                   responses=ok(shapes.WebhookListDict))
     def list(self, request: Request) -> Response:
-        hooks = OrgWebhook.objects.for_org(caller_of(request).org)
+        hooks = self.get_queryset()
         return Response({"webhooks": [webhook_dict(hook) for hook in hooks]})
 
-    @extend_schema(request=WebhookSerializer, responses={201: dict})
+    @extend_schema(summary="Add a webhook (its secret is shown once)", tags=["webhooks"], request=WebhookSerializer,
+                   responses=ok(shapes.WebhookCreatedDict, 201))
     def create(self, request: Request) -> Response:
         data = validated(WebhookSerializer, request.data)
-        org = caller_of(request).org
+        org = self.org
         if OrgWebhook.objects.for_org(org).count() >= MAX_WEBHOOKS_PER_ORG:
             raise Invalid({"url": f"An organization has at most {MAX_WEBHOOKS_PER_ORG} webhooks."},
                           f"An organization has at most {MAX_WEBHOOKS_PER_ORG} webhooks; delete one first.")
         hook = OrgWebhook.objects.create(org=org, **data)
         return Response(webhook_dict(hook, with_secret=True), status=201)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Read a webhook with its last deliveries", tags=["webhooks"],
+                   responses={**ok(shapes.WebhookDetailDict), **errors(404, codes={404: ["webhook_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
-        hook = self._get(request, pk)
+        hook = self.get_object()
         deliveries = hook.deliveries.prefetch_related("attempt_log").order_by("-created")[:50]
         return Response({**webhook_dict(hook), "deliveries": [
             {**d.as_dict(), "attempt_log": [a.as_dict() for a in d.attempt_log.all()]} for d in deliveries]})
 
-    @extend_schema(responses={204: None})
+    @extend_schema(summary="Delete a webhook", tags=["webhooks"],
+                   responses={204: None, **errors(404, codes={404: ["webhook_not_found"]})})
     def destroy(self, request: Request, pk: str) -> Response:
-        self._get(request, pk).delete()
+        self.get_object().delete()
         return Response(status=204)

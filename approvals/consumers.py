@@ -1,6 +1,6 @@
 """The dashboard's websocket: one per open page, joined to its org's Channels group.
 
-Events reach the group from `approvals/events.py` as `{"type": "<event kind>", "payload": {...}}`
+Events reach the group from `core/fanout.py` as `{"type": "<event kind>", "payload": {...}}`
 (after the change committed): every kind in `approvals.models.EVENT_KINDS`, that is every
 `Event.record` kind plus `session.updated`. The consumer forwards each to the browser unchanged,
 and drops a kind it does not know. It reads the database once, to check the membership in
@@ -16,8 +16,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from approvals.events import group_name
 from approvals.models import EVENT_KINDS
+from core.fanout import group_name
+from orgs.auth import resolve_membership
 from orgs.models import Membership
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     def _membership(self, user) -> Membership | None:
         query = parse_qs(self.scope.get("query_string", b"").decode(errors="replace"))
         slug = (query.get("org") or [""])[0] or (self.scope.get("session") or {}).get("org")
-        memberships = Membership.objects.select_related("org").filter(user=user)
-        if slug:
-            return memberships.filter(org__slug=slug).first()
-        found = list(memberships[:2])
-        return found[0] if len(found) == 1 else None
+        return resolve_membership(user, slug)[0]
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

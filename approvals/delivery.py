@@ -13,8 +13,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import webhooks
 from approvals.models import DeliveryAttempt, WebhookDelivery
+from core import outbound as webhooks
 from effects.models import Effect, EffectTransition
 from undolog_site.errors import Conflict
 

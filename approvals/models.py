@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import secrets
+import statistics
 import uuid
+from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from budgets.models import Refusal
+from core import retry
 from effects.models import Effect, Session, Tool, render_text
 from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Invalid
@@ -32,6 +36,55 @@ class ApprovalRequestQuerySet(models.QuerySet):
 
     def decided_since(self, since) -> ApprovalRequestQuerySet:
         return self.exclude(state=ApprovalRequest.State.PENDING).filter(decided_at__gte=since)
+
+    def stats(self, org: Organization, days: int = 7) -> dict[str, Any]:
+        """Of these (an org's) requests: pending now; over the last `days`: decisions, approval
+        rate, median time to decide (people's decisions only: a deadline is not a decision
+        time), expiries, and the same per calendar day in the org's time zone. Two queries.
+        `GET /api/v1/approvals/stats` and the dashboard's queue both read this."""
+        now = timezone.now()
+        since = now - timedelta(days=days)
+        # Both counts in one pass over the pending rows (the dashboard's queue renders these too).
+        pending = self.pending().aggregate(pending=Count("id"), overdue=Count("id", filter=Q(timeout_at__lte=now)))
+        rows = list(self.decided_since(since).values_list("state", "decided_by_label", "created", "decided_at"))
+        count: dict[str, int] = defaultdict(int)
+        per_day = {_day(now - timedelta(days=n), org): {"approved": 0, "rejected": 0, "expired": 0, "waits": []}
+                   for n in range(days, -1, -1)}
+        waits = []
+        for state, label, created, decided_at in rows:
+            day = per_day.get(_day(decided_at, org)) or {"approved": 0, "rejected": 0, "expired": 0, "waits": []}
+            count[state] += 1
+            day[state] += 1
+            if label == TIMEOUT_LABEL:
+                count["auto_approved"] += state == ApprovalRequest.State.APPROVED
+            else:
+                waits.append((decided_at - created).total_seconds())
+                day["waits"].append(waits[-1])
+        decided = len(rows)
+        return {
+            "pending": pending["pending"],
+            "overdue": pending["overdue"],
+            "window_days": days,
+            "since": since.isoformat(),
+            "decided": decided,
+            "approved": count["approved"],
+            "auto_approved": count["auto_approved"],
+            "rejected": count["rejected"],
+            "expired": count["expired"],
+            "approval_rate": round(count["approved"] / decided, 4) if decided else None,
+            "median_time_to_decide_s": _median(waits),
+            "per_day": [{"date": date, "approved": day["approved"], "rejected": day["rejected"],
+                         "expired": day["expired"], "median_time_to_decide_s": _median(day["waits"])}
+                        for date, day in per_day.items()],
+        }
+
+
+def _day(moment, org: Organization) -> str:
+    return moment.astimezone(org.tz).date().isoformat()
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
 
 
 class ApprovalRequest(models.Model):
@@ -274,8 +327,6 @@ class ApprovalRequest(models.Model):
         return effect, session
 
     def _refuse(self, session: Session, effect: Effect, label: str) -> None:
-        from budgets.models import Refusal
-
         Refusal.record(agent=session.agent, kind=Refusal.Kind.APPROVAL, tool_name=self.tool_name,
                        decided_by=label, reason=self.decision_reason, session_id=session.pk,
                        effect_id=effect.pk, step_index=effect.step_index, args=effect.args,
@@ -479,8 +530,11 @@ class WebhookDelivery(models.Model):
         return self.attempts
 
     def backoff(self, number: int) -> timedelta:
+        """The wait after attempt `number` failed: the one backoff (`core.retry`), doubling from
+        UNDOLOG_WEBHOOK_RETRY_BASE_MS up to an hour, without jitter (a receiver's own retry
+        budget is what these fan out over; the settings promise the doubling)."""
         base = settings.UNDOLOG_WEBHOOK_RETRY_BASE_MS / 1000
-        return timedelta(seconds=min(base * 2 ** (number - 1), 3600))
+        return timedelta(seconds=retry.backoff_s(number, base, 3600, spread=0))
 
     def finish(self, **fields: Any) -> bool:
         """Release our claim with the outcome; False if our lease ran out and someone else holds it."""

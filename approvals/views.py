@@ -20,25 +20,24 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
 from approvals import charts, dashboard
+from orgs.auth import resolve_membership
 from orgs.models import Membership
 
 ORG_SESSION_KEY = "org"
 
 
 def current_membership(request: HttpRequest) -> Membership | None:
-    """The membership of the org chosen in this session; the only one if there is one. One query."""
-    memberships = Membership.objects.select_related("org").filter(user=request.user)
+    """The membership of the org chosen in this session; the only one if there is one. One
+    query (two when the chosen org is no longer the person's). `orgs.auth.resolve_membership`
+    decides, as it does for the API and the websocket."""
     slug = request.session.get(ORG_SESSION_KEY)
-    if slug:
-        chosen = memberships.filter(org__slug=slug).first()
-        if chosen is not None:
-            return chosen
+    membership, _ = resolve_membership(request.user, slug)
+    if membership is None and slug:
         del request.session[ORG_SESSION_KEY]  # removed from that org since: choose again
-    found = list(memberships[:2])
-    if len(found) == 1:
-        request.session[ORG_SESSION_KEY] = found[0].org.slug
-        return found[0]
-    return None
+        membership, _ = resolve_membership(request.user, None)
+    if membership is not None and ORG_SESSION_KEY not in request.session:
+        request.session[ORG_SESSION_KEY] = membership.org.slug
+    return membership
 
 
 def member_page(view):

@@ -13,6 +13,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from orgs.models import Agent, Event, Organization
+from undolog_site.errors import Invalid
 
 # (policy field, counter field on Session and DayCounter, key in `usage` and `remaining`).
 RUN_LIMITS = (
@@ -132,10 +133,44 @@ class BudgetPolicy(models.Model):
                      "escalation_url": self.escalation_url or None})
         return body
 
+    @property
+    def tracks_day(self) -> bool:
+        """A daily limit is set: its counters are kept on the intercept path."""
+        return any(getattr(self, name) is not None for name, _, _ in DAY_LIMITS)
+
     def copy_for(self, agent: Agent) -> BudgetPolicy:
         """A new agent policy starting from this (org default) one's settings."""
         return BudgetPolicy(org_id=self.org_id, agent=agent,
                             **{name: getattr(self, name) for name in self.SETTINGS})
+
+    def change(self, changes: dict[str, Any], actor: str) -> None:
+        """Save the changed settings and their history row (who, each setting from → to).
+        Escalate needs somewhere to escalate to."""
+        if not changes:
+            raise Invalid({"non_field_errors": "Send at least one setting to change."},
+                          "Send at least one setting to change.")
+        before = self.settings()
+        for name, value in changes.items():
+            setattr(self, name, value)
+        if self.on_exceeded == self.OnExceeded.ESCALATE and not self.escalation_url:
+            raise Invalid({"escalation_url": "Required while on_exceeded is escalate."},
+                          "escalation_url: required while on_exceeded is escalate.")
+        self.updated_by = actor
+        self.save()
+        after = self.settings()
+        diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
+        PolicyChange.objects.create(org_id=self.org_id, agent_id=self.agent_id, actor=actor, changes=diff)
+
+    def switch_incident(self, on: bool, actor: str) -> bool:
+        """The org default row's incident switch, with its history row and event. Whether it
+        changed (switching to where it already is changes nothing and records nothing)."""
+        if self.incident == on:
+            return False
+        self.incident, self.incident_changed_at, self.incident_changed_by = on, timezone.now(), actor
+        self.save()
+        PolicyChange.objects.create(org_id=self.org_id, actor=actor, changes={"incident": [not on, on]})
+        Event.record(self.org, "incident.changed", on=on, by=actor, agents=Agent.objects.for_org(self.org).count())
+        return True
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,22 @@ or the `fail` that `stop` itself calls) a no-op.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from budgets.models import BudgetPolicy, Escalation, Limits, RunOutcome
+from effects.models import Session
 from orgs.models import Agent, Event
 from undolog_site.errors import Conflict
 
-if TYPE_CHECKING:
-    from effects.models import Session
-
 ACTOR = "budget"
+
+
+def on_session_ended(sender: type, session: Session, actor: str, **kwargs: Any) -> None:
+    """Receives effects' `session_ended` (connected in budgets/apps.py)."""
+    run_ended(session, actor)
 
 
 def run_ended(session: Session, actor: str) -> None:
@@ -85,8 +88,6 @@ def _roll_back(session: Session) -> str:
 
 
 def _fail_if_halted(session_id: Any) -> None:
-    from effects.models import Session
-
     session = Session.objects.filter(pk=session_id, state=Session.State.HALTED).first()
     if session is None:
         return  # already failed (and being walked) by whoever halted it

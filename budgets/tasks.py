@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 from celery import shared_task
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals import webhooks
 from budgets.models import Escalation
+from core import outbound, retry
 
 TIMEOUT_S = 10
 MAX_COUNTDOWN_S = 3600  # never past the broker's visibility timeout (DESIGN)
@@ -24,7 +23,7 @@ def deliver_escalation(escalation_id: str) -> None:
     escalation = _claim(escalation_id)
     if escalation is None:
         return
-    delivery = webhooks.post(escalation.url, escalation.payload, secret=escalation.org.webhook_secret,
+    delivery = outbound.post(escalation.url, escalation.payload, secret=escalation.org.webhook_secret,
                              timeout_s=TIMEOUT_S, headers={"Idempotency-Key": str(escalation.id)})
     attempts = escalation.attempts + 1
     mine = Escalation.objects.filter(pk=escalation.pk, state=Escalation.State.SENDING,
@@ -33,7 +32,7 @@ def deliver_escalation(escalation_id: str) -> None:
         mine.update(state=Escalation.State.DELIVERED, attempts=attempts, status_code=delivery.status_code,
                     last_error="", delivered_at=timezone.now())
     elif delivery.retryable and attempts < Escalation.MAX_ATTEMPTS:
-        delay = _backoff(attempts)
+        delay = retry.backoff_s(attempts, Escalation.BACKOFF_S, MAX_COUNTDOWN_S, spread=0.5)
         if mine.update(state=Escalation.State.PENDING, attempts=attempts, status_code=delivery.status_code,
                        last_error=delivery.error[:2000], next_attempt_at=timezone.now() + timedelta(seconds=delay)):
             deliver_escalation.apply_async((str(escalation.id),), countdown=delay)
@@ -51,12 +50,6 @@ def _claim(escalation_id: str) -> Escalation | None:
                                                                          claimed_at=now):
         return None
     return Escalation.objects.select_related("org").get(pk=escalation_id)
-
-
-def _backoff(attempts: int) -> float:
-    """Exponential from BACKOFF_S, jittered over its upper half, capped below the visibility timeout."""
-    ceiling = min(MAX_COUNTDOWN_S, Escalation.BACKOFF_S * 2 ** (attempts - 1))
-    return random.uniform(ceiling / 2, ceiling)
 
 
 @shared_task(ignore_result=True)

@@ -6,17 +6,21 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
-from rest_framework.viewsets import ViewSet
 
-from effects import claims, fastpath, longpoll
+from approvals.models import ApprovalRequest
+from budgets.bodies import budget_body
+from core.outbound import check_target
+from core.schema import constrain, errors, ok
+from effects import claims, fastpath, longpoll, shapes
 from effects import intercept as pipeline
+from effects.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
 from effects.models import (
+    SEMVER,
     CompensationFunction,
     Effect,
     Session,
@@ -25,10 +29,19 @@ from effects.models import (
     UndoEntry,
     validate_semver,
 )
-from orgs.auth import IsAgent, IsAgentOrMember, caller_of, role_required
+from orgs.auth import IsAdmin, IsAgent, IsAgentOrAdmin, IsAgentOrMember, IsAgentOrReviewer, IsReviewer, IsViewer
 from orgs.models import Agent
+from orgs.views import OrgScopedAPIView, OrgScopedViewSet
 from undolog_site.errors import DomainError, Invalid, NotFound
 from undolog_site.validation import StrictSerializer, StringField, validated
+
+
+@extend_schema_field({"type": "string", "pattern": SEMVER.pattern, "maxLength": 64, "example": "1.0.0"})
+class SemverField(StringField):
+    """A semantic version (1.0.0); documented with its pattern."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=64, validators=[semver], **kwargs)
 
 
 def semver(value: str) -> str:
@@ -39,21 +52,12 @@ def semver(value: str) -> str:
     return value
 
 
-class IsAgentOrAdmin(IsAgentOrMember):
-    """Agents of the org may register their own tools; people need the admin role."""
-
-    def has_permission(self, request, view) -> bool:
-        if request.method in ("GET", "HEAD", "OPTIONS"):
-            return super().has_permission(request, view)
-        return IsAgent().has_permission(request, view) or role_required("admin")().has_permission(request, view)
-
-
 # ---------------------------------------------------------------- compensation registry
 
 
 class CompensationSerializer(StrictSerializer):
     fn_name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
-    fn_version = StringField(max_length=64, validators=[semver])
+    fn_version = SemverField()
     handler = serializers.ChoiceField(choices=CompensationFunction.Handler.choices)
     target = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
@@ -61,8 +65,6 @@ class CompensationSerializer(StrictSerializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
     def validate(self, attrs: dict) -> dict:
-        from approvals.webhooks import check_target  # SSRF rule lives with the deliverer
-
         if attrs["handler"] == CompensationFunction.Handler.AGENT:
             if attrs["target"]:
                 raise serializers.ValidationError({"target": ["An agent handler has no target: the agent side "
@@ -84,19 +86,24 @@ def compensation_dict(fn: CompensationFunction) -> dict[str, Any]:
             "description": fn.description}
 
 
-class CompensationsView(APIView):
+class CompensationsView(OrgScopedAPIView):
     permission_classes = [IsAgentOrAdmin]
+    queryset = CompensationFunction.objects.all()
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="List the compensation registry", tags=["registry"],
+                   responses=ok(shapes.CompensationListDict))
     def get(self, request: Request) -> Response:
-        fns = CompensationFunction.objects.filter(org=caller_of(request).org)
+        fns = self.get_queryset()
         return Response({"compensations": [compensation_dict(fn) for fn in fns]})
 
-    @extend_schema(request=CompensationSerializer, responses={201: dict, 200: dict})
+    @extend_schema(summary="Register a compensation function (or update one)", tags=["registry"],
+                   request=CompensationSerializer,
+                   responses={**ok(shapes.CompensationDict, 201, "Registered."),
+                              **ok(shapes.CompensationDict, 200, "Updated (same name and version).")})
     def post(self, request: Request) -> Response:
         data = validated(CompensationSerializer, request.data)
         fn, created = CompensationFunction.objects.update_or_create(
-            org=caller_of(request).org, fn_name=data["fn_name"], fn_version=data["fn_version"],
+            org=self.org, fn_name=data["fn_name"], fn_version=data["fn_version"],
             defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "claim_timeout_s", "description")},
         )
         return Response(compensation_dict(fn), status=201 if created else 200)
@@ -107,7 +114,7 @@ class CompensationsView(APIView):
 
 class CompensationDescriptorSerializer(StrictSerializer):
     fn_name = StringField(max_length=100)
-    fn_version = StringField(max_length=64, validators=[semver])
+    fn_version = SemverField()
     args = serializers.DictField(required=False, default=dict)
     max_retries = serializers.IntegerField(min_value=0, max_value=20, default=3)
     retry_backoff_ms = serializers.IntegerField(min_value=0, max_value=3_600_000, default=1000)
@@ -163,8 +170,6 @@ class ToolSerializer(StrictSerializer):
                                                             f"settings, not {tier} ones."]})
         executor = attrs.get("executor")
         if executor:
-            from approvals.webhooks import check_target
-
             problem = check_target(executor["url"])
             if problem:
                 raise serializers.ValidationError({"executor": {"url": [problem]}})
@@ -180,6 +185,9 @@ class ToolListSerializer(StrictSerializer):
         if duplicates:
             raise serializers.ValidationError(f"Tool names appear twice: {', '.join(duplicates)}.")
         return tools
+
+
+constrain("ToolListRequest", "tools", minItems=1, maxItems=500)
 
 
 def tool_dict(tool: Tool) -> dict[str, Any]:
@@ -222,18 +230,20 @@ def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -
     }
 
 
-class ToolsView(APIView):
+class ToolsView(OrgScopedAPIView):
     permission_classes = [IsAgentOrAdmin]
+    queryset = Tool.objects.select_related("compensation_fn")
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="List the registered tools", tags=["registry"], responses=ok(shapes.ToolListDict))
     def get(self, request: Request) -> Response:
-        tools = Tool.objects.for_org(caller_of(request).org).select_related("compensation_fn")
+        tools = self.get_queryset()
         return Response({"tools": [tool_dict(tool) for tool in tools]})
 
-    @extend_schema(request=ToolListSerializer, responses={200: dict})
+    @extend_schema(summary="Register or update tools, all or none", tags=["registry"], request=ToolListSerializer,
+                   responses=ok(shapes.ToolListDict))
     def post(self, request: Request) -> Response:
         """Register or update a list of tools: all of them, or none."""
-        org = caller_of(request).org
+        org = self.org
         specs = validated(ToolListSerializer, request.data)["tools"]
         fns = self._compensation_functions(org, specs)
         with transaction.atomic():
@@ -293,8 +303,6 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
         body["effects"] = [effect.as_dict() for effect in effects]
         body["undo_stack"] = [{**entry.as_dict(), "attempt_log": [a.as_dict() for a in entry.attempt_log.all()]}
                               for entry in entries]
-        from budgets.api import budget_body
-
         full_budget = budget_body(session.agent, session)
         body["budget"] = {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
                           "cost": float(session.cost), "tool_counts": session.tool_counts,
@@ -304,16 +312,32 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
     return body
 
 
-def sessions_for(request: Request):
-    caller = caller_of(request)
-    sessions = Session.objects.filter(org=caller.org).select_related("agent")
-    return sessions.filter(agent=caller.agent) if caller.agent else sessions
+class SafeCallSerializer(StrictSerializer):
+    tool = StringField(max_length=200)
+    step_index = serializers.IntegerField(min_value=0)
+    args = serializers.DictField(required=False)
 
 
-class SessionViewSet(ViewSet):
+class InterceptSerializer(StrictSerializer):
+    """The intercept's body (for the schema: the hot path validates it by hand, `intercept.parse`)."""
+
+    tool = StringField(max_length=200)
+    args = serializers.DictField(required=False, help_text="The call's arguments (at most UNDOLOG_MAX_ARGS_BYTES).")
+    step_index = serializers.IntegerField(min_value=0)
+    reasoning = serializers.CharField(required=False, allow_blank=True, help_text="Why the agent makes the call.")
+    idempotency_key = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    safe_calls = SafeCallSerializer(many=True, required=False, help_text="SAFE calls since the last intercept.")
+
+
+class SessionViewSet(OrgScopedViewSet):
     """Runs of an agent: open, intercept calls, complete or fail."""
 
-    lookup_value_regex = "[0-9a-fA-F-]{36}"
+    queryset = Session.objects.select_related("agent")
+    not_found = ("session_not_found", "No such session.")
+
+    def scope(self, queryset, caller):
+        sessions = queryset.filter(org=caller.org)
+        return sessions.filter(agent=caller.agent) if caller.agent else sessions
 
     def dispatch(self, request, *args, **kwargs):
         # The hot path first: one statement when it can answer, else DRF and the full pipeline.
@@ -329,19 +353,15 @@ class SessionViewSet(ViewSet):
         if self.action == "fail":
             return [IsAgentOrReviewer()]
         if self.action == "undo":
-            return [role_required("admin")()]
+            return [IsAdmin()]
         return [IsAgentOrMember()]
 
-    def _get(self, request: Request, pk: str) -> Session:
-        session = sessions_for(request).filter(pk=pk).first()
-        if session is None:
-            raise NotFound("No such session.", code="session_not_found")
-        return session
-
-    @extend_schema(request=SessionCreateSerializer, responses={201: dict})
+    @extend_schema(summary="Open a session (a run of the calling agent)", tags=["sessions"],
+                   request=SessionCreateSerializer,
+                   responses={**ok(shapes.SessionDict, 201), **errors(404, 423, codes={404: ["agent_not_found"]})})
     def create(self, request: Request) -> Response:
         data = validated(SessionCreateSerializer, request.data)
-        agent: Agent = request.user.agent
+        agent: Agent = self.caller.agent
         if data.get("agent", agent.name) != agent.name:
             raise NotFound(f"No agent named {data['agent']!r} for this key (the key belongs to {agent.name!r}).",
                            code="agent_not_found")
@@ -352,63 +372,82 @@ class SessionViewSet(ViewSet):
         session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"])
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],
+                   responses={**ok(shapes.SessionDetailDict), **errors(404, codes={404: ["session_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
-        return Response(session_dict(self._get(request, pk), full=True))
+        return Response(session_dict(self.get_object(), full=True))
 
-    @extend_schema(operation_id="v1_sessions_list", responses={200: dict})
+    @extend_schema(operation_id="v1_sessions_list", summary="List sessions (newest 100)", tags=["sessions"],
+                   parameters=[OpenApiParameter("state", str, description="Only sessions in this state.")],
+                   responses=ok(shapes.SessionListDict))
     def list(self, request: Request) -> Response:
-        sessions = sessions_for(request)
+        sessions = self.get_queryset()
         state = request.query_params.get("state")
         if state:
             sessions = sessions.filter(state=state)
         return Response({"sessions": [session_dict(s) for s in sessions.order_by("-created")[:100]]})
 
-    @extend_schema(request=dict, responses={201: dict, 202: dict, 200: dict, 429: dict})
+    @extend_schema(
+        summary="Intercept a tool call before it runs", tags=["sessions"], request=InterceptSerializer,
+        description="Every call that changes something goes through here first: a compensable call is "
+                    "logged with its undo entry (201 execute), an irreversible one waits for a reviewer (202 "
+                    "await_approval), a call seen before replays (200), a call over the budget is refused (429).",
+        responses={**ok(shapes.InterceptDict, 201, "execute: run the tool, then commit the effect."),
+                   **ok(shapes.InterceptDict, 202, "await_approval: poll the effect until it is decided."),
+                   **ok(shapes.InterceptDict, 200, "replay: the same call again; its recorded outcome."),
+                   **ok(shapes.InterceptDict, 429, "refused by the budget (or the incident switch).",
+                        examples=[BUDGET_REFUSAL]),
+                   **errors(404, 409, 423, codes={
+                       404: ["session_not_found", "tool_not_registered"],
+                       409: ["session_not_running", "session_awaiting_approval", "idempotency_key_reused"]}),
+                   **errors(400, codes={400: ["invalid", "safe_tool_not_intercepted", "malformed_json",
+                                               "too_deep"]})},
+        examples=INTERCEPT_EXAMPLES)
     @action(detail=True, methods=["post"])
     def intercept(self, request: Request, pk: str) -> Response:
         call = pipeline.parse(request.data)
-        answer = pipeline.intercept(request.user.agent, pk, call)
+        answer = pipeline.intercept(self.caller.agent, self.lookup_value(), call)
         return Response(answer.body, status=answer.status)
 
     def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:
         reported = pipeline.parse_safe_calls(raw)
-        if reported and caller_of(request).agent:
-            pipeline.report_safe_calls(caller_of(request).agent, pk, reported)
+        if reported and self.caller.agent:
+            pipeline.report_safe_calls(self.caller.agent, pk, reported)
 
-    @extend_schema(request=CompleteSerializer, responses={200: dict})
+    @extend_schema(summary="Complete a session", tags=["sessions"], request=CompleteSerializer,
+                   responses={**ok(shapes.SessionBodyDict),
+                              **errors(404, 409, codes={404: ["session_not_found"], 409: ["session_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def complete(self, request: Request, pk: str) -> Response:
         data = validated(CompleteSerializer, request.data or {})
-        session = self._get(request, pk)
+        session = self.get_object()
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
-        session.complete(actor=caller_of(request).label)
+        session.complete(actor=self.caller.label)
         return Response({"session": session_dict(session)})
 
-    @extend_schema(request=FailSerializer, responses={200: dict})
+    @extend_schema(summary="Fail a session: its undo stack is walked back", tags=["sessions"], request=FailSerializer,
+                   responses={**ok(shapes.SessionBodyDict),
+                              **errors(404, 409, codes={404: ["session_not_found"], 409: ["session_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def fail(self, request: Request, pk: str) -> Response:
         data = validated(FailSerializer, request.data or {})
-        session = self._get(request, pk)
+        session = self.get_object()
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
-        session.fail(data["error"], actor=caller_of(request).label)
+        session.fail(data["error"], actor=self.caller.label)
         return Response({"session": session_dict(session)})
 
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(summary="Undo a completed session (admins)", tags=["sessions"], request=None,
+                   responses={**ok(shapes.SessionBodyDict),
+                              **errors(404, 409, codes={404: ["session_not_found"], 409: ["session_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def undo(self, request: Request, pk: str) -> Response:
         """An org admin undoes a completed session: its undo stack is walked back."""
-        session = self._get(request, pk)
-        session.undo(actor=caller_of(request).label)
+        session = self.get_object()
+        session.undo(actor=self.caller.label)
         return Response({"session": session_dict(session)})
-
-
-class IsAgentOrReviewer(IsAgentOrMember):
-    def has_permission(self, request, view) -> bool:
-        return IsAgent().has_permission(request, view) or role_required("reviewer")().has_permission(request, view)
 
 
 # ---------------------------------------------------------------- effects
@@ -422,14 +461,13 @@ class EffectFailSerializer(StrictSerializer):
     error = StringField(max_length=10_000)
 
 
-def effects_for(request: Request):
-    caller = caller_of(request)
-    effects = Effect.objects.for_org(caller.org)
-    return effects.filter(session__agent=caller.agent) if caller.agent else effects
+class EffectViewSet(OrgScopedViewSet):
+    queryset = Effect.objects.all()
+    not_found = ("effect_not_found", "No such effect.")
 
-
-class EffectViewSet(ViewSet):
-    lookup_value_regex = "[0-9a-fA-F-]{36}"
+    def scope(self, queryset, caller):
+        effects = queryset.filter(org=caller.org)
+        return effects.filter(session__agent=caller.agent) if caller.agent else effects
 
     def dispatch(self, request, *args, **kwargs):
         if self.action_map.get(request.method.lower()) == "commit" and fastpath.available():
@@ -443,17 +481,12 @@ class EffectViewSet(ViewSet):
             return [IsAgent()]
         return [IsAgentOrMember()]
 
-    def _get(self, request: Request, pk: str) -> Effect:
-        effect = effects_for(request).filter(pk=pk).first()
-        if effect is None:
-            raise NotFound("No such effect.", code="effect_not_found")
-        return effect
-
-    @extend_schema(parameters=[OpenApiParameter("wait", int, description="Long-poll up to this many seconds "
+    @extend_schema(summary="Read an effect (long-poll with ?wait=)", tags=["effects"],
+                   parameters=[OpenApiParameter("wait", float, description="Long-poll up to this many seconds "
                                                 "(at most 60) while the effect is pending or approved.")],
-                   responses={200: dict})
+                   responses={**ok(shapes.EffectReadDict), **errors(404, codes={404: ["effect_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
-        effect = self._get(request, pk)
+        effect = self.get_object()
         wait = _wait_seconds(request)
         if wait and effect.state in longpoll.WAITED_ON:
             seen = effect.state
@@ -467,37 +500,44 @@ class EffectViewSet(ViewSet):
         # A decided irreversible call: the decision at the top too ({"decision": "rejected", "reason"}).
         return Response({"effect": body, **{k: body[k] for k in ("decision", "reason") if k in body}})
 
-    @extend_schema(request=None, responses={200: dict, 409: dict})
+    @extend_schema(summary="Claim an approved effect before running it", tags=["effects"], request=None,
+                   responses={**ok(shapes.EffectBodyDict),
+                              **errors(404, 409, codes={404: ["effect_not_found"], 409: ["effect_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str) -> Response:
         """Claim an approved effect before running it (approved → executing): when two
         callers wait on the same approval, only the first to start may run the tool."""
-        effect = self._get(request, pk)
-        effect.start_executing(actor=caller_of(request).label)
+        effect = self.get_object()
+        effect.start_executing(actor=self.caller.label)
         return Response({"effect": effect.as_dict()})
 
-    @extend_schema(request=CommitSerializer, responses={200: dict})
+    @extend_schema(summary="Commit an effect: the tool ran, here is its result", tags=["effects"],
+                   request=CommitSerializer,
+                   responses={**ok(shapes.EffectBodyDict, examples=[COMMITTED]),
+                              **errors(404, 409, codes={404: ["effect_not_found"], 409: ["effect_state_conflict"]})},
+                   examples=[OpenApiExample("commit", value={"result": {"message_id": "m-42"}}, request_only=True)])
     @action(detail=True, methods=["post"])
     def commit(self, request: Request, pk: str) -> Response:
         data = validated(CommitSerializer, request.data if request.data != {} else {})
-        effect = self._get(request, pk)
-        effect.commit(data["result"], actor=caller_of(request).label)
+        effect = self.get_object()
+        effect.commit(data["result"], actor=self.caller.label)
         return Response({"effect": effect.as_dict()})
 
-    @extend_schema(request=EffectFailSerializer, responses={200: dict})
+    @extend_schema(summary="Fail an effect: the tool did not run or failed", tags=["effects"],
+                   request=EffectFailSerializer,
+                   responses={**ok(shapes.EffectBodyDict),
+                              **errors(404, 409, codes={404: ["effect_not_found"], 409: ["effect_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def fail(self, request: Request, pk: str) -> Response:
         data = validated(EffectFailSerializer, request.data)
-        effect = self._get(request, pk)
-        effect.fail(data["error"], actor=caller_of(request).label)
+        effect = self.get_object()
+        effect.fail(data["error"], actor=self.caller.label)
         return Response({"effect": effect.as_dict()})
 
 
 def _effect_body(effect: Effect) -> dict[str, Any]:
     body = effect.as_dict()
     if effect.tier == Tier.IRREVERSIBLE:
-        from approvals.models import ApprovalRequest
-
         found = ApprovalRequest.for_caller(effect)
         if found is not None:
             body["approval"], fields = found
@@ -552,30 +592,28 @@ def undo_entry_dict(entry: UndoEntry, *, attempts: bool = False) -> dict[str, An
     return body
 
 
-class UndoEntryViewSet(ViewSet):
+class UndoEntryViewSet(OrgScopedViewSet):
     """Undo entries of the caller's org: the dashboard's list of compensations waiting for a
     person, and the two ways out (retry, or resolved by hand)."""
 
-    lookup_value_regex = "[0-9a-fA-F-]{36}"
+    queryset = UndoEntry.objects.select_related("session__agent", "effect")
+    not_found = ("undo_entry_not_found", "No such undo entry.")
+
+    def scope(self, queryset, caller):
+        return queryset.for_org(caller.org)
 
     def get_permissions(self):
         if self.action in ("retry", "resolve"):
-            return [role_required("reviewer")()]
+            return [IsReviewer()]
         if self.action in ("claim", "report"):
             return [IsAgent()]
-        return [role_required("viewer")()]
+        return [IsViewer()]
 
-    def get_queryset(self):
-        return UndoEntry.objects.for_org(caller_of(self.request).org).select_related("session__agent", "effect", "fn")
-
-    def _get(self, pk: str) -> UndoEntry:
-        entry = self.get_queryset().filter(pk=pk).first()
-        if entry is None:
-            raise NotFound("No such undo entry.", code="undo_entry_not_found")
-        return entry
-
-    @extend_schema(operation_id="v1_undo_entries_list", responses={200: dict},
-                   parameters=[OpenApiParameter("state", str, enum=UNDO_STATES), OpenApiParameter("session", str)])
+    @extend_schema(operation_id="v1_undo_entries_list", summary="List the org's undo entries", tags=["undo entries"],
+                   responses=ok(shapes.UndoEntryListDict),
+                   parameters=[OpenApiParameter("state", str, enum=[*UNDO_STATES, ""],
+                                                description="Empty: every state."),
+                               OpenApiParameter("session", str)])
     def list(self, request: Request) -> Response:
         entries = self.get_queryset()
         state, session = request.query_params.get("state"), request.query_params.get("session")
@@ -589,54 +627,57 @@ class UndoEntryViewSet(ViewSet):
         entries = entries.prefetch_related("attempt_log").order_by("-updated")[:200]
         return Response({"undo_entries": [undo_entry_dict(entry, attempts=True) for entry in entries]})
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(summary="Read an undo entry with its attempts", tags=["undo entries"],
+                   responses={**ok(shapes.UndoEntryBodyDict), **errors(404, codes={404: ["undo_entry_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
-        return Response({"undo_entry": undo_entry_dict(self._get(pk), attempts=True)})
+        return Response({"undo_entry": undo_entry_dict(self.get_object(), attempts=True)})
 
-    @extend_schema(request=None, responses={200: dict, 409: dict})
+    @extend_schema(summary="Retry a failed compensation", tags=["undo entries"], request=None,
+                   responses={**ok(shapes.UndoEntryAnswerDict), **errors(404, 409, codes={
+                       404: ["undo_entry_not_found"], 409: ["undo_entry_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str) -> Response:
         """Another round of attempts for a compensation_failed entry; the walk resumes from it."""
-        entry = self._get(pk)
-        entry.retry(actor=caller_of(request).label)
+        entry = self.get_object()
+        entry.retry(actor=self.caller.label)
         return self._answer(entry)
 
-    @extend_schema(request=ResolveSerializer, responses={200: dict, 409: dict})
+    @extend_schema(summary="Mark a compensation resolved by hand", tags=["undo entries"], request=ResolveSerializer,
+                   responses={**ok(shapes.UndoEntryAnswerDict), **errors(404, 409, codes={
+                       404: ["undo_entry_not_found"], 409: ["undo_entry_state_conflict"]})})
     @action(detail=True, methods=["post"])
     def resolve(self, request: Request, pk: str) -> Response:
         """A person undid the effect by hand; the walk resumes below the entry."""
         data = validated(ResolveSerializer, request.data)
-        entry = self._get(pk)
-        entry.resolve(actor=caller_of(request).label, note=data["note"])
+        entry = self.get_object()
+        entry.resolve(actor=self.caller.label, note=data["note"])
         return self._answer(entry)
 
-    @extend_schema(request=ClaimSerializer, responses={200: dict})
+    @extend_schema(summary="Claim the agent-side undo entries the walk waits on", tags=["undo entries"],
+                   request=ClaimSerializer, responses={**ok(shapes.ClaimedListDict), **errors()})
     @action(detail=False, methods=["post"])
     def claim(self, request: Request) -> Response:
         """The agent side takes the agent-handler entries the walk is waiting on, each under a lease."""
         data = validated(ClaimSerializer, request.data)
-        entries = claims.claim(request.user.agent, data["max"], data["lease_s"])
+        entries = claims.claim(self.caller.agent, data["max"], data["lease_s"])
         return Response({"entries": [claims.claim_dict(entry) for entry in entries]})
 
-    @extend_schema(request=ReportSerializer, responses={200: dict, 409: dict})
+    @extend_schema(summary="Report how a claimed undo entry went", tags=["undo entries"],
+                   request=ReportSerializer,
+                   responses={**ok(shapes.UndoEntryBodyDict),
+                              **errors(404, 409, codes={404: ["undo_entry_not_found"],
+                                                        409: ["undo_entry_not_claimed"]})})
     @action(detail=True, methods=["post"])
     def report(self, request: Request, pk: str) -> Response:
         """The claimer says how its attempt went; recorded like a worker's, and the walk goes on."""
         data = validated(ReportSerializer, request.data)
-        entry = self._get_own(request, pk)
+        entry = self.get_object(self.get_queryset().filter(session__agent=self.caller.agent).select_related("fn"))
         claims.report(entry, data["ok"], data["error"], data["permanent"], data["attempt"])
         return Response({"undo_entry": entry.as_dict()})
 
-    def _get_own(self, request: Request, pk: str) -> UndoEntry:
-        entry = (UndoEntry.objects.filter(pk=pk, session__agent=request.user.agent)
-                 .select_related("fn", "session").first())
-        if entry is None:
-            raise NotFound("No such undo entry.", code="undo_entry_not_found")
-        return entry
-
     def _answer(self, entry: UndoEntry) -> Response:
         # The walk may already have run (eagerly, or on a fast worker): answer what the rows say now.
-        entry = self._get(entry.pk)
+        entry = self.get_object()
         return Response({"undo_entry": undo_entry_dict(entry, attempts=True),
                          "session": session_dict(entry.session)})
 

@@ -24,6 +24,7 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import uuid
@@ -38,6 +39,7 @@ from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from psycopg.types.json import Jsonb
+from rest_framework.exceptions import ParseError
 from rest_framework.renderers import JSONRenderer
 
 from budgets.guard import DEFAULT_WEIGHT
@@ -47,9 +49,11 @@ from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, sha256
 from orgs.models import AgentKey, Organization, RememberedKey
 from undolog_site.errors import DomainError
+from undolog_site.parsers import DepthLimitedJSONParser
 
 _CONFIGS: dict[uuid.UUID, OrgConfig] = {}
 _RENDERER = JSONRenderer()
+_PARSER = DepthLimitedJSONParser()
 
 
 @dataclass
@@ -98,12 +102,14 @@ def _remembered_key(request) -> RememberedKey | None:
 
 
 def _json_body(request) -> Any:
+    """The body through the API's own parser (its nesting and NUL rules); None when the slow
+    path must answer (not JSON, too large, too deep, NUL: it says which, with its 400)."""
     if request.content_type != "application/json":
         return None
     try:
-        return json.loads(request.body)
-    except (ValueError, RecursionError, RequestDataTooBig):
-        return None  # the slow path answers with the right error
+        return _PARSER.parse(io.BytesIO(request.body))
+    except (DomainError, ParseError, RequestDataTooBig):
+        return None
 
 
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:

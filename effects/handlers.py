@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from approvals import webhooks
+from core import outbound as webhooks
 from effects.models import CompensationFunction, UndoEntry
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from approvals import notify
 from approvals.models import ApprovalRequest
 from budgets import guard
 from effects.models import (
@@ -70,8 +71,11 @@ def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
     for n, item in enumerate(raw):
         if not isinstance(item, dict) or set(item) - SAFE_CALL_FIELDS:
             errors[f"safe_calls[{n}]"] = "Must be an object with tool, step_index and optional args."
-        elif not isinstance(item.get("tool"), str) or not item["tool"] or not _is_index(item.get("step_index")):
-            errors[f"safe_calls[{n}]"] = "tool must be a non-empty string and step_index a non-negative integer."
+        elif (not isinstance(item.get("tool"), str) or not item["tool"] or len(item["tool"]) > 200
+              or not _is_index(item.get("step_index"))):
+            # 200: SafeCall.tool_name's column (PostgreSQL refuses longer; SQLite would not say)
+            errors[f"safe_calls[{n}]"] = ("tool must be a non-empty string of at most 200 characters and "
+                                          "step_index a non-negative integer.")
         elif not isinstance(item.get("args", {}), dict):
             errors[f"safe_calls[{n}]"] = "args must be an object."
         else:
@@ -190,8 +194,6 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect))
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
     session.await_approval(actor=f"agent:{agent.name}")
-    from approvals import notify
-
     notify.approval_requested(approval)
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
     return Answer(202, {"decision": "await_approval", "effect": effect_body, "approval": approval.summary()})

@@ -11,8 +11,11 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
+from core import fanout as events
+from core.outbound import check_target
 from orgs.models import Agent, Event, Organization
 from undolog_site.errors import Conflict
 
@@ -41,6 +44,10 @@ def canonical_json(value: Any) -> str:
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
+
+# A run is over (completed or failed), sent inside its transaction. budgets connects the
+# on_exceeded verdict to it (budgets/apps.py): budgets reads runs, runs do not import budgets.
+session_ended = Signal()
 
 class _KeepMissing(dict):
     def __missing__(self, key: str) -> str:
@@ -137,14 +144,12 @@ def announce(instance: models.Model, what: str, from_state: str | None, to: str,
     """After commit, tell the org's open dashboards that a run moved: the one place every
     session, effect and undo entry change goes through to reach `session.updated`.
 
-    No query and no network here or after commit (`approvals.events` coalesces and publishes
+    No query and no network here or after commit (`core.fanout` coalesces and publishes
     from its own thread), so the intercept and commit paths keep their pinned query counts.
     Values come from what the instance already holds; a deferred org id is not worth a query.
     """
     if org_id is None:
         return
-    from approvals import events
-
     change = events.SessionChange(what=what, id=str(instance.pk), step_index=step_index, name=name,
                                   **{"from": from_state}, to=to)
     state = to if what == "session" else None
@@ -200,8 +205,6 @@ class CompensationFunction(models.Model):
         return f"{self.fn_name}@{self.fn_version}"
 
     def clean(self) -> None:
-        from approvals.webhooks import check_target  # the SSRF rule lives with the deliverer
-
         if self.handler == self.Handler.WEBHOOK:
             problem = check_target(self.target)
             if problem:
@@ -344,21 +347,19 @@ class Session(models.Model):
     def fail(self, error: str, actor: str) -> None:
         """Roll the run back: `failed` (its budget verdict applies), then `compensating`, and the
         undo walk after commit."""
-        from approvals.models import ApprovalRequest
-
         with transaction.atomic():
             self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
-            for approval in ApprovalRequest.objects.filter(session=self).pending():
+            # approvals' requests of this run, through their reverse relation (no import of approvals)
+            for approval in self.approval_requests.pending():
                 approval.withdraw(actor)
             self.run_ended(actor)
             self.move({self.State.FAILED}, self.State.COMPENSATING, actor=actor, reason="rolling back")
             self.begin_walk(actor)
 
     def run_ended(self, actor: str) -> None:
-        """The run is over: its first budget violation applies on_exceeded (once, in this transaction)."""
-        from budgets.runs import run_ended
-
-        run_ended(self, actor)
+        """The run is over: its first budget violation applies on_exceeded (once, in this
+        transaction): budgets receives `session_ended`, so effects need not import budgets."""
+        session_ended.send(sender=Session, session=self, actor=actor)
 
     def undo(self, actor: str) -> None:
         """An admin undoes a completed run: its undo stack is walked back like a failed one's."""

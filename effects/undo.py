@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from core import retry
 from effects import fastpath, handlers, longpoll
 from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry, canonical_json
 from orgs.models import Event
@@ -317,9 +318,9 @@ def _escalate(entry: UndoEntry, error: str, status_code: int | None = None, *, e
 def backoff_ms(attempt: int, base_ms: int) -> int:
     """The wait after the `attempt`-th failure of a round: full jitter, a uniform draw between 0
     and base·2^(attempt−1), capped (AWS, "Exponential Backoff And Jitter"). Jitter spreads the
-    retries of many walks that failed together against one receiver."""
-    ceiling = min(base_ms * 2 ** min(attempt - 1, 40), settings.UNDOLOG_UNDO_MAX_BACKOFF_S * 1000)
-    return round(jitter.uniform(0, ceiling))
+    retries of many walks that failed together against one receiver. The one backoff of every
+    retried call (`core.retry`), in milliseconds."""
+    return round(1000 * retry.backoff_s(attempt, base_ms / 1000, settings.UNDOLOG_UNDO_MAX_BACKOFF_S, rng=jitter))
 
 
 def due_sessions(now: datetime | None = None, limit: int = 500) -> list[uuid.UUID]:

@@ -4,8 +4,8 @@ server keeps a prefix and a SHA-256 digest). Rotating keeps the old key working 
 period (`orgs.models.ROTATION_GRACE`, 24 h) so the agent's processes can switch without a
 failed call; revoking stops a key at once.
 
-Written on the existing helpers (`caller_of`, `role_required`); the rules are verbs on
-`AgentKey` (`issue`, `rotate`, `revoke`), so the views only validate, look up and call them.
+On the org-scoped base view (`orgs/views.py`); the rules are verbs on `AgentKey` (`issue`,
+`rotate`, `revoke`), so the views only validate, look up and call them.
 """
 
 from __future__ import annotations
@@ -17,16 +17,21 @@ from django.db import IntegrityError, transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from budgets import api as budgets_api
+from budgets.bodies import agent_dict
 from budgets.models import Limits
-from orgs.auth import caller_of, role_required
+from budgets.shapes import AgentBodyDict
+from core.schema import errors, ok
+from orgs import shapes
+from orgs.auth import IsAdmin
 from orgs.models import Agent, AgentKey
+from orgs.views import OrgScopedAPIView
 from undolog_site.errors import Conflict, NotFound
 from undolog_site.validation import StrictSerializer, StringField, validated
 
-Admin = role_required("admin")
+AGENT_404 = errors(404, codes={404: ["agent_not_found"]})
+KEY_404 = errors(404, codes={404: ["agent_not_found", "key_not_found"]})
 
 
 class AgentSerializer(StrictSerializer):
@@ -47,13 +52,6 @@ def key_dict(key: AgentKey) -> dict[str, Any]:
             "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
 
 
-def _agent(request: Request, name: str) -> Agent:
-    agent = Agent.objects.select_related("org").filter(org=caller_of(request).org, name=name).first()
-    if agent is None:
-        raise NotFound(f"No agent named {name!r} in this organization.", code="agent_not_found")
-    return agent
-
-
 def _key(agent: Agent, prefix: str) -> AgentKey:
     key = AgentKey.objects.filter(agent=agent, prefix=prefix).first()
     if key is None:
@@ -65,56 +63,63 @@ def _key(agent: Agent, prefix: str) -> AgentKey:
 class AgentsView(budgets_api.AgentsView):
     """GET as before (budgets: every agent with today's counters); POST creates one (admin)."""
 
-    @extend_schema(request=AgentSerializer, responses={201: dict})
+    @extend_schema(summary="Create an agent", tags=["agents"], request=AgentSerializer,
+                   responses={**ok(AgentBodyDict, 201), **errors(409, codes={409: ["agent_exists"]})})
     def post(self, request: Request) -> Response:
         data = validated(AgentSerializer, request.data)
-        org = caller_of(request).org
         try:
             with transaction.atomic():
-                agent = Agent.objects.create(org=org, name=data["name"])
+                agent = Agent.objects.create(org=self.org, name=data["name"])
         except IntegrityError:
             raise Conflict(f"There is already an agent named {data['name']!r}.", code="agent_exists") from None
-        agent.org = org
-        source = Limits.for_agent(org.pk, agent.pk).source
-        return Response({"agent": budgets_api.agent_dict(agent, None, source)}, status=201)
+        agent.org = self.org
+        source = Limits.for_agent(self.org.pk, agent.pk).source
+        return Response({"agent": agent_dict(agent, None, source)}, status=201)
 
 
-class KeysView(APIView):
-    permission_classes = [Admin]
+class AgentKeys(OrgScopedAPIView):
+    """An agent of the caller's org by name, for its admins."""
 
-    @extend_schema(responses={200: dict})
+    queryset = Agent.objects.select_related("org")
+    lookup_field = "name"
+    lookup_is_uuid = False
+    permission_classes = [IsAdmin]
+    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
+
+
+class KeysView(AgentKeys):
+    @extend_schema(summary="List an agent's keys", tags=["agents"], responses={**ok(shapes.KeyListDict), **AGENT_404})
     def get(self, request: Request, name: str) -> Response:
         """The agent's keys, newest first, revoked and expired ones too (for the record)."""
-        agent = _agent(request, name)
-        keys = AgentKey.objects.filter(agent=agent).order_by("-created", "-id")
+        keys = AgentKey.objects.filter(agent=self.get_object()).order_by("-created", "-id")
         return Response({"keys": [key_dict(key) for key in keys]})
 
-    @extend_schema(request=KeySerializer, responses={201: dict})
+    @extend_schema(summary="Issue a key (its secret is shown once)", tags=["agents"], request=KeySerializer,
+                   responses={**ok(shapes.IssuedKeyDict, 201), **AGENT_404})
     def post(self, request: Request, name: str) -> Response:
         """Issue a key. `key` in the answer is the only time the secret is shown."""
         data = validated(KeySerializer, request.data)
-        key, raw = AgentKey.issue(_agent(request, name), name=data["name"])
+        key, raw = AgentKey.issue(self.get_object(), name=data["name"])
         return Response({**key_dict(key), "key": raw}, status=201)
 
 
-class RotateView(APIView):
-    permission_classes = [Admin]
-
-    @extend_schema(request=None, responses={201: dict})
+class RotateView(AgentKeys):
+    @extend_schema(summary="Rotate a key: a successor now, the old one until its grace ends", tags=["agents"],
+                   request=None, responses={**ok(shapes.RotatedKeyDict, 201), **KEY_404,
+                                            **errors(409, codes={409: ["key_not_active"]})})
     def post(self, request: Request, name: str, prefix: str) -> Response:
         """A successor key (shown once); the rotated key works until its `expires_at`."""
-        old = _key(_agent(request, name), prefix)
+        old = _key(self.get_object(), prefix)
         new, raw = old.rotate()
         return Response({**key_dict(new), "key": raw, "rotated": key_dict(old)}, status=201)
 
 
-class RevokeView(APIView):
-    permission_classes = [Admin]
-
-    @extend_schema(request=None, responses={200: dict})
+class RevokeView(AgentKeys):
+    @extend_schema(summary="Revoke a key: its next request is a 401", tags=["agents"], request=None,
+                   responses={**ok(shapes.KeyDict), **KEY_404, **errors(409, codes={409: ["key_revoked"]})})
     def post(self, request: Request, name: str, prefix: str) -> Response:
         """Stop the key now: the agent's next request with it is a 401."""
-        key = _key(_agent(request, name), prefix)
+        key = _key(self.get_object(), prefix)
         if not key.revoke():
             raise Conflict(f"The key {key.display} is already revoked.", code="key_revoked")
         return Response(key_dict(key))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
@@ -64,10 +65,27 @@ class Caller:
 
 
 ORG_HEADER = "HTTP_X_UNDOLOG_ORG"
+NOT_A_MEMBER = "You are not a member of any organization (or not of that one)."
+SEVERAL_ORGS = "You belong to several organizations: pick one with the X-Undolog-Org header."
+
+
+def resolve_membership(user, slug: str | None) -> tuple[Membership | None, str]:
+    """The one answer to "which org is this person acting in": the org named by `slug` (a
+    header, the session's choice, a websocket's `?org=`), else the person's only org. One
+    query. Returns the membership, or None and the sentence saying why there is none. The
+    API, the dashboard pages and the dashboard's websocket all ask this function."""
+    memberships = Membership.objects.select_related("org", "user").filter(user=user)
+    if slug:
+        memberships = memberships.filter(org__slug=slug)
+    found = list(memberships[:2])
+    if len(found) == 1 or (found and slug):
+        return found[0], ""
+    return None, SEVERAL_ORGS if found else NOT_A_MEMBER
 
 
 def caller_of(request) -> Caller:
-    """The calling agent or member, with its org. Cached on the request."""
+    """The calling agent or member, with its org. Cached on the request (and on the DRF
+    request's underlying HttpRequest, so a view and its permissions resolve it once)."""
     cached = getattr(request, "_undolog_caller", None)
     if cached is not None:
         return cached
@@ -75,23 +93,23 @@ def caller_of(request) -> Caller:
     if isinstance(user, AgentPrincipal):
         caller = Caller(org=user.org, agent=user.agent)
     else:
-        caller = Caller(org=None, membership=_membership(request, user))  # type: ignore[arg-type]
-        caller.org = caller.membership.org
+        slug = request.META.get(ORG_HEADER) or getattr(request, "session", {}).get("org")
+        membership, problem = resolve_membership(user, slug)
+        if membership is None:
+            raise exceptions.PermissionDenied(problem)
+        caller = Caller(org=membership.org, membership=membership)
     request._undolog_caller = caller
     return caller
 
 
-def _membership(request, user) -> Membership:
-    memberships = Membership.objects.select_related("org", "user").filter(user=user)
-    slug = request.META.get(ORG_HEADER) or getattr(request, "session", {}).get("org")
-    if slug:
-        memberships = memberships.filter(org__slug=slug)
-    found = list(memberships[:2])
-    if len(found) == 1 or (found and slug):
-        return found[0]
-    if not found:
-        raise exceptions.PermissionDenied("You are not a member of any organization (or not of that one).")
-    raise exceptions.PermissionDenied("You belong to several organizations: pick one with the X-Undolog-Org header.")
+def _is_person(user) -> bool:
+    return user is not None and not isinstance(user, AgentPrincipal) and user.is_authenticated
+
+
+# ---------------------------------------------------------------- permissions
+# Every permission of the API is here, and there are three: an agent key, a person's role in
+# the org, and "only reads". Views compose them with DRF's | and &, e.g. `IsAgent | IsReviewer`,
+# or `ReadOnly & (IsAgent | IsViewer) | IsAdmin`.
 
 
 class IsAgent(permissions.BasePermission):
@@ -101,31 +119,57 @@ class IsAgent(permissions.BasePermission):
         return isinstance(request.user, AgentPrincipal)
 
 
-def role_required(role: str) -> type[permissions.BasePermission]:
-    """A permission class: a member of the caller's org with at least `role`."""
+class HasRole(permissions.BasePermission):
+    """A person (never an agent key) with at least `role` in the caller's org."""
 
-    class HasRole(permissions.BasePermission):
-        message = f"This needs the {role} role in the organization."
-
-        def has_permission(self, request, view) -> bool:
-            user = request.user
-            if user is None or isinstance(user, AgentPrincipal) or not user.is_authenticated:
-                return False
-            return caller_of(request).has_role(role)
-
-    HasRole.__name__ = f"Has{role.title()}Role"
-    return HasRole
-
-
-class IsAgentOrMember(permissions.BasePermission):
-    """Agents of the org, or any member (viewer and up)."""
+    role = Membership.Role.VIEWER
+    message = "This needs the viewer role in the organization."
 
     def has_permission(self, request, view) -> bool:
-        user = request.user
-        if isinstance(user, AgentPrincipal):
-            return True
-        return bool(user and user.is_authenticated and caller_of(request).membership)
+        return _is_person(request.user) and caller_of(request).has_role(self.role)
 
+
+class ReadOnly(permissions.BasePermission):
+    """GET, HEAD and OPTIONS: composed with a role, "may read"."""
+
+    def has_permission(self, request, view) -> bool:
+        return request.method in permissions.SAFE_METHODS
+
+
+_ROLES: dict[str, type[HasRole]] = {}
+
+
+def role_required(role: str) -> type[HasRole]:
+    """The HasRole class for `role` (one class per role, made once)."""
+    if role not in _ROLES:
+        _ROLES[role] = type(f"Is{role.title()}", (HasRole,), {
+            "role": role, "message": f"This needs the {role} role in the organization.", "__module__": __name__})
+    return _ROLES[role]
+
+
+def explained(permission: Any, message: str) -> type[permissions.BasePermission]:
+    """A composition of the classes above (DRF's | and &) with the sentence a refused caller
+    reads (DRF's compositions carry none)."""
+    return type("Explained", (permissions.BasePermission,), {
+        "message": message, "__module__": __name__,
+        "has_permission": lambda self, request, view: permission().has_permission(request, view)})
+
+
+IsViewer = IsMember = role_required(Membership.Role.VIEWER)  # a person with any role; never an agent
+IsReviewer = role_required(Membership.Role.REVIEWER)
+IsAdmin = role_required(Membership.Role.ADMIN)
+IsAgentOrMember = explained(IsAgent | IsViewer, "This needs an agent key of the organization, or a member.")
+IsAgentOrReviewer = explained(IsAgent | IsReviewer, "This needs an agent key, or the reviewer role.")
+# Agents register their own tools and compensations; people read them, admins change them.
+IsAgentOrAdmin = explained(IsAgent | ReadOnly & IsViewer | IsAdmin,
+                           "Agents register their own; people read with the viewer role and change with admin.")
+# People: viewers read, admins write; agents nothing.
+ReadViewerWriteAdmin = explained(ReadOnly & IsViewer | IsAdmin,
+                                 "Reading needs the viewer role in the organization; changing it needs admin.")
+# As above, and an agent reads (only) its own budget: the views scope what it sees.
+OwnBudgetOrReadViewerWriteAdmin = explained(ReadOnly & (IsAgent | IsViewer) | IsAdmin,
+                                            "Reading needs the viewer role (an agent reads its own); changing "
+                                            "it needs admin.")
 
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):

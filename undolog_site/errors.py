@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
@@ -120,6 +121,7 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     return None
 
 
+@csrf_exempt  # a POST to an unknown path is a JSON 404, not the CSRF middleware's HTML 403
 def api_not_found(request, *args, **kwargs):
     """Unknown /api/ paths answer JSON like every other API error, in DEBUG too."""
     from django.http import JsonResponse

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "core",
     "orgs",
     "effects",
     "approvals",
@@ -227,7 +228,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["undolog_site.parsers.DepthLimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "undolog_site.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -243,6 +244,23 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Request bodies are components of their own (`ToolRequest`), responses keep the plain
+    # name (`Tool`): the response shapes are TypedDicts (core/schema.py), the requests serializers.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.add_common_errors"],
+    "TAGS": [
+        {"name": "registry", "description": "Tools and compensation functions, declared once per org."},
+        {"name": "sessions", "description": "Runs of an agent; the intercept every changing call goes through."},
+        {"name": "effects", "description": "The effect log: commit, fail, long-poll."},
+        {"name": "undo entries", "description": "Compensations on the undo stacks, and the two ways out."},
+        {"name": "approvals", "description": "The reviewers' queue and their decisions."},
+        {"name": "budgets", "description": "Autonomy budgets: limits, usage, what remains, sizing help."},
+        {"name": "agents", "description": "Agents' states: suspend and resume."},
+        {"name": "incident", "description": "The org-wide incident switch."},
+        {"name": "streams", "description": "Refusals and the audit stream, by cursor."},
+        {"name": "org", "description": "The org's settings."},
+        {"name": "webhooks", "description": "Where the org's events go."},
+    ],
 }
 
 # Outgoing webhooks may reach loopback/private addresses only when this is on (SSRF).
@@ -256,7 +274,7 @@ UNDOLOG_WEBHOOK_RETRY_BASE_MS = envint("UNDOLOG_WEBHOOK_RETRY_BASE_MS", "1000")
 UNDOLOG_EXECUTOR_MAX_ATTEMPTS = envint("UNDOLOG_EXECUTOR_MAX_ATTEMPTS", "3")
 # Longest long poll on GET /api/v1/effects/{id}?wait=
 UNDOLOG_MAX_WAIT_S = 60
-# session.updated (approvals/events.py): a run's changes within this window reach open dashboards
+# session.updated (core/fanout.py): a run's changes within this window reach open dashboards
 # as one message, so a burst of transitions is one nudge, not hundreds; well under the 1 s promise.
 UNDOLOG_SESSION_UPDATE_WINDOW_MS = envint("UNDOLOG_SESSION_UPDATE_WINDOW_MS", "100")
 

@@ -1,0 +1,197 @@
+"""The event fan-out, for every app: one message to an org's Channels group (`publish`), and
+the coalesced `session.updated` nudges a run's changes send to open dashboards
+(`session_changed`, called by effects' models after commit).
+
+Every event recorded with `Event.record` reaches the org's group `org.<org id>` as
+`{"type": "<event kind>", "payload": <EventPayload>}` (approvals/notify.py builds the
+payloads; approval events carry the request); a websocket consumer handles it in the method
+named after the kind (`approval.requested` → `approval_requested`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import threading
+import time
+from typing import Any, NotRequired, TypedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+
+class EventPayload(TypedDict):
+    """Every event: what happened, in which run, when, and the event's own data."""
+
+    id: str
+    kind: str
+    org: str
+    agent: str | None
+    session: str | None
+    created: str
+    data: dict[str, Any]
+
+
+# One state change inside a run ("from" is a keyword, hence the functional form).
+SessionChange = TypedDict("SessionChange", {
+    "what": str,  # "session" | "effect" | "undo_entry"
+    "id": str,
+    "step_index": "int | None",
+    "name": str,  # the tool (effect), the compensation function (undo entry), "" (session)
+    "from": "str | None",  # None: just created
+    "to": str,
+})
+
+
+class SessionUpdatedPayload(TypedDict):
+    """session.updated: a run, one of its effects or undo entries changed state. Not an `Event` row
+    (no query, no webhook): a nudge to open dashboards, coalesced over `UNDOLOG_SESSION_UPDATE_WINDOW_MS`."""
+
+    kind: str  # "session.updated"
+    org: str
+    session: str
+    state: str | None  # the session's state after its last move in this batch; None: only effects or entries moved
+    step_index: int | None  # the highest step the batch's changes name
+    changes: list[SessionChange]  # in order, at most MAX_SESSION_CHANGES
+    more: int  # changes left out of `changes` (a long burst)
+    created: str
+
+
+class Message(TypedDict):
+    type: str
+    payload: EventPayload | SessionUpdatedPayload
+    text: NotRequired[str]
+
+
+def group_name(org_id: Any) -> str:
+    return f"org.{org_id}"
+
+
+def publish(org_id: Any, kind: str, payload: EventPayload | SessionUpdatedPayload) -> bool:
+    """Send one message to the org's group. The layer may drop it (clients re-fetch on
+    reconnect), so a failure is logged, never raised into the request that caused it."""
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    try:
+        async_to_sync(layer.group_send)(group_name(org_id), Message(type=kind, payload=payload))
+    except Exception:  # Redis down must not fail a committed decision
+        log.exception("could not publish %s to the org's channel group", kind)
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- session.updated
+
+MAX_SESSION_CHANGES = 20
+
+
+class SessionUpdates:
+    """Coalesces run changes into at most one `session.updated` per session per window, and
+    publishes them from a background thread.
+
+    `add()` is what a committed transaction calls (through `effects.models.announce`): it only
+    updates a dict under a lock, with no query and no network, so the intercept and commit
+    paths do not get slower. The thread waits `window_s` after the first change of a burst,
+    then sends one message per session that moved, on its own event loop (the Redis layer
+    keeps a connection pool per loop, so the pool is reused from one batch to the next).
+    A message the layer drops is not lost for good: pages re-read on every (re)connect.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked worker starts its own thread
+        # A short-lived process (a command, a task run) sends what it has when its main thread
+        # ends. threading's hook runs before concurrent.futures refuses new work at interpreter
+        # shutdown (which plain atexit runs after, so its flush could only fail).
+        getattr(threading, "_register_atexit", atexit.register)(self.flush)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: dict[tuple[str, str], SessionUpdatedPayload] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, org_id: Any, session_id: Any, change: SessionChange, *, state: str | None = None,
+            step_index: int | None = None) -> None:
+        key = (str(org_id), str(session_id))
+        with self._lock:
+            batch = self._pending.get(key)
+            if batch is None:
+                batch = self._pending[key] = SessionUpdatedPayload(
+                    kind="session.updated", org=key[0], session=key[1], state=None, step_index=None,
+                    changes=[], more=0, created="")
+            if state is not None:
+                batch["state"] = state
+            steps = [s for s in (batch["step_index"], step_index, change["step_index"]) if s is not None]
+            batch["step_index"] = max(steps) if steps else None
+            if len(batch["changes"]) < MAX_SESSION_CHANGES:
+                batch["changes"].append(change)
+            else:
+                batch["more"] += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="session-updates", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def take(self) -> list[SessionUpdatedPayload]:
+        with self._lock:
+            batch, self._pending = list(self._pending.values()), {}
+        now = timezone.now().isoformat()
+        for payload in batch:
+            payload["created"] = now
+        return batch
+
+    async def send(self, batch: list[SessionUpdatedPayload]) -> int:
+        """Publish each payload to its org's group; the number sent. Never raises."""
+        layer = get_channel_layer()
+        if layer is None:
+            return 0
+        sent = 0
+        for payload in batch:
+            try:
+                await layer.group_send(group_name(payload["org"]), Message(type="session.updated", payload=payload))
+                sent += 1
+            except Exception:  # Redis down: the pages catch up when they reconnect
+                log.exception("could not publish session.updated for session %s", payload["session"])
+        return sent
+
+    def flush(self) -> int:
+        """Send what is waiting now, from the caller's thread (tests, and at exit)."""
+        batch = self.take()
+        if not batch:
+            return 0
+        try:
+            return async_to_sync(self.send)(batch)
+        except Exception:
+            log.exception("could not flush %d session.updated messages", len(batch))
+            return 0
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        while True:
+            self._wake.wait()
+            # Let the burst finish: one message for all of it.
+            time.sleep(settings.UNDOLOG_SESSION_UPDATE_WINDOW_MS / 1000)
+            self._wake.clear()  # before take(): a change added after take() wakes us again
+            batch = self.take()
+            if batch:
+                try:
+                    loop.run_until_complete(self.send(batch))
+                except Exception:  # keep the thread alive for the next batch
+                    log.exception("could not publish %d session.updated messages", len(batch))
+
+
+session_updates = SessionUpdates()
+
+
+def session_changed(org_id: Any, session_id: Any, change: SessionChange, *, state: str | None = None,
+                    step_index: int | None = None) -> None:
+    """A run changed (called after its transaction committed): queue a `session.updated`."""
+    session_updates.add(org_id, session_id, change, state=state, step_index=step_index)

@@ -1,0 +1,136 @@
+"""Outbound HTTP, for every app: the SSRF rule, the signature, and one signed POST. Org
+webhooks and executors (approvals), escalations (budgets) and compensation webhooks
+(effects) all go out through `post()`; every URL a person or an agent registers is checked
+with `check_target()` first.
+
+Signature header: `Undolog-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`
+with the org's webhook secret. See README "Verifying webhooks" for the receiver's side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import certifi
+import httpx
+from django.conf import settings
+
+SIGNATURE_HEADER = "Undolog-Signature"
+TOLERANCE_S = 300
+
+
+def check_target(url: str) -> str | None:
+    """Why this URL may not be called, or None. http(s) only; no private ranges unless allowed."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "Must be an http(s) URL with a host."
+    if settings.UNDOLOG_ALLOW_PRIVATE_WEBHOOKS:
+        return None
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return f"The host {parts.hostname} does not resolve."
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if not address.is_global:
+            return (f"{parts.hostname} resolves to a private or loopback address ({address}); "
+                    "set UNDOLOG_ALLOW_PRIVATE_WEBHOOKS to allow it.")
+    return None
+
+
+def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
+    t = int(time.time()) if timestamp is None else timestamp
+    digest = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={digest}"
+
+
+def verify(secrets: list[str], header: str, body: bytes, *, now: float | None = None,
+           tolerance_s: int = TOLERANCE_S) -> bool:
+    """The receiver's check: any of the secrets (two during a rotation), within the tolerance,
+    compared in constant time over the raw body."""
+    try:
+        fields = dict(part.split("=", 1) for part in header.split(","))
+        t = int(fields["t"])
+    except (ValueError, KeyError):
+        return False
+    if abs((time.time() if now is None else now) - t) > tolerance_s:
+        return False
+    candidates = [value for key, value in (part.split("=", 1) for part in header.split(",")) if key == "v1"]
+    for secret in secrets:
+        expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+        if any(hmac.compare_digest(expected, candidate) for candidate in candidates):
+            return True
+    return False
+
+
+@dataclass
+class Delivery:
+    ok: bool
+    status_code: int | None
+    error: str
+    duration_ms: int
+    body: str = ""
+
+    @property
+    def retryable(self) -> bool:
+        """2xx done; 4xx other than 408/429 permanent; 5xx, timeouts and refusals retried."""
+        if self.ok:
+            return False
+        return self.status_code is None or self.status_code >= 500 or self.status_code in (408, 429)
+
+
+def post(url: str, payload: dict, *, secret: str, timeout_s: float,
+         headers: dict[str, str] | None = None) -> Delivery:
+    problem = check_target(url)
+    started = time.monotonic()
+    if problem:
+        return Delivery(False, 400, problem, 0)  # a refused target is permanent
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    all_headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, body),
+                   "User-Agent": "undolog-webhooks/1", **(headers or {})}
+    try:
+        response = _client().post(url, content=body, headers=all_headers, timeout=timeout_s)
+    except httpx.TimeoutException:
+        return Delivery(False, None, f"timed out after {timeout_s:g} s", _ms(started))
+    except httpx.HTTPError as exc:
+        return Delivery(False, None, f"{type(exc).__name__}: {exc}", _ms(started))
+    ok = 200 <= response.status_code < 300
+    return Delivery(ok, response.status_code, "" if ok else f"HTTP {response.status_code}: {response.text[:500]}",
+                    _ms(started), response.text[:10_000])
+
+
+_local = threading.local()
+
+
+def _client() -> httpx.Client:
+    """One keep-alive client per process and thread: a walk of many compensations to one receiver
+    reuses its connection instead of opening one (and a TLS handshake) per call. Made lazily and
+    per process id, so a Celery worker forked from its parent never shares the parent's sockets."""
+    client = getattr(_local, "client", None)
+    if client is None or _local.pid != os.getpid():
+        client = _local.client = httpx.Client(verify=_tls(), follow_redirects=False,
+                                              limits=httpx.Limits(max_keepalive_connections=8, keepalive_expiry=30))
+        _local.pid = os.getpid()
+    return client
+
+
+@lru_cache(maxsize=1)
+def _tls() -> ssl.SSLContext:
+    # One TLS context per process: httpx.post builds a new one per call otherwise, loading the
+    # CA bundle each time (~27 ms of CPU, measured by bench/undo.py: more than half a webhook).
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

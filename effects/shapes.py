@@ -1,0 +1,242 @@
+"""Typed response bodies of the effects API (registry, sessions, effects, undo entries): what
+the code returns and what the OpenAPI schema documents (`core.schema.shape`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from budgets.shapes import SessionBudgetDict
+
+
+class CompensationDict(TypedDict):
+    """A compensation function of the registry."""
+
+    id: int
+    fn_name: str
+    fn_version: str
+    handler: Literal["webhook", "python", "agent"]
+    target: str
+    timeout_ms: int
+    claim_timeout_s: int
+    description: str
+
+
+class CompensationListDict(TypedDict):
+    compensations: list[CompensationDict]
+
+
+class ToolCompensationDict(TypedDict):
+    fn_name: str
+    fn_version: str
+    args: dict[str, Any]
+    max_retries: int
+    retry_backoff_ms: int
+
+
+class ToolApprovalDict(TypedDict):
+    reason: str
+    risk_tags: list[str]
+    estimated_impact: str
+    timeout_s: int | None
+    auto_approve_on_timeout: bool | None
+
+
+class ToolExecutorDict(TypedDict):
+    url: str
+    timeout_ms: int
+
+
+class ToolDict(TypedDict):
+    """A registered tool: its tier and, by tier, its compensation or approval settings."""
+
+    id: str
+    name: str
+    tier: Literal["safe", "compensable", "irreversible"]
+    description: str
+    cost_weight: float
+    irreversible: bool
+    annotations: dict[str, Any]
+    compensation: NotRequired[ToolCompensationDict]
+    approval: NotRequired[ToolApprovalDict]
+    executor: NotRequired[ToolExecutorDict]
+
+
+class ToolListDict(TypedDict):
+    tools: list[ToolDict]
+
+
+class EffectDict(TypedDict):
+    """One call that changes something, with its state (DESIGN.md's effect)."""
+
+    id: str
+    session: str
+    tool: str
+    tier: str
+    state: str
+    step_index: int
+    call_signature: str
+    args: dict[str, Any]
+    result: Any
+    error: str | None
+    created: str
+    updated: str
+    executor: NotRequired[bool]
+    decision: NotRequired[str | None]
+    reason: NotRequired[str | None]
+
+
+class ApprovalSummaryDict(TypedDict):
+    """An approval request as its agent sees it."""
+
+    id: str
+    state: str
+    timeout_at: str
+    decided_by: NotRequired[str | None]
+    reason: NotRequired[str | None]
+    decision: NotRequired[str | None]
+
+
+class EffectWithApprovalDict(EffectDict):
+    approval: NotRequired[ApprovalSummaryDict]
+
+
+class EffectBodyDict(TypedDict):
+    effect: EffectDict
+
+
+class EffectReadDict(TypedDict):
+    """An effect; a decided irreversible call has its decision at the top too."""
+
+    effect: EffectWithApprovalDict
+    decision: NotRequired[str | None]
+    reason: NotRequired[str | None]
+
+
+# One state change ("from" is a keyword: the functional form).
+TransitionDict = TypedDict("TransitionDict", {"from": "str | None", "to": str, "actor": str, "reason": str, "at": str})
+
+
+class UndoAttemptDict(TypedDict):
+    number: int
+    started_at: str
+    duration_ms: int | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+    retry_delay_ms: int | None
+
+
+class UndoEntryDict(TypedDict):
+    """One compensation on a run's undo stack."""
+
+    id: str
+    session: str
+    effect: str
+    step_index: int
+    fn_name: str
+    fn_version: str
+    args: dict[str, Any]
+    state: str
+    attempts: int
+    max_retries: int
+    retry_backoff_ms: int
+    next_attempt_at: str | None
+    last_error: str | None
+    last_status_code: int | None
+    resolution_note: str | None
+    resolved_by: str | None
+    resolved_at: str | None
+    updated: str | None
+    args_template: dict[str, Any] | None
+    claim_deadline: str | None
+    attempt_log: NotRequired[list[UndoAttemptDict]]
+
+
+class UndoEntryListedDict(UndoEntryDict):
+    """An undo entry in the org's list, with its tool, agent and run state."""
+
+    tool: str
+    agent: str
+    session_state: str
+    handler: str
+    waiting_for: str | None
+
+
+class ClaimedEntryDict(TypedDict):
+    """An agent-side undo entry handed to its claimer, under a lease."""
+
+    id: str
+    fn_name: str
+    fn_version: str
+    args: dict[str, Any]
+    attempt: int
+    lease_expires_at: str
+    session: str
+    effect: str
+    tool: str
+    step_index: int
+
+
+class ClaimedListDict(TypedDict):
+    entries: list[ClaimedEntryDict]
+
+
+class SessionDict(TypedDict):
+    """A run of an agent."""
+
+    id: str
+    agent: str
+    state: str
+    step_index: int
+    metadata: dict[str, Any]
+    error: str | None
+    created: str
+    updated: str
+    ended_at: str | None
+
+
+class SessionDetailDict(SessionDict):
+    """A run with its effects, its undo stack (LIFO) and its budget."""
+
+    effects: list[EffectDict]
+    undo_stack: list[UndoEntryDict]
+    budget: SessionBudgetDict
+
+
+class SessionBodyDict(TypedDict):
+    session: SessionDict
+
+
+class SessionListDict(TypedDict):
+    sessions: list[SessionDict]
+
+
+class InterceptDict(TypedDict):
+    """The intercept's answer: execute (201), await_approval (202), replay (200) or refused (429)."""
+
+    decision: Literal["execute", "await_approval", "replay", "refused"]
+    effect: NotRequired[EffectDict]
+    undo_entry: NotRequired[UndoEntryDict]
+    approval: NotRequired[ApprovalSummaryDict]
+    reason: NotRequired[str | None]
+    kind: NotRequired[str]
+    limit: NotRequired[str]
+    message: NotRequired[str]
+    limit_value: NotRequired[float | None]
+    current: NotRequired[float | None]
+    refusal: NotRequired[str]
+    tool: NotRequired[str]
+    incident: NotRequired[bool]
+
+
+class UndoEntryBodyDict(TypedDict):
+    undo_entry: UndoEntryListedDict
+
+
+class UndoEntryAnswerDict(TypedDict):
+    undo_entry: UndoEntryListedDict
+    session: SessionDict
+
+
+class UndoEntryListDict(TypedDict):
+    undo_entries: list[UndoEntryListedDict]
