@@ -4,6 +4,7 @@ LangChain's fake chat model. The tools are plain `@tool` functions; the adapter 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -149,3 +150,35 @@ def test_a_graph_killed_after_a_committed_call_resumes_from_its_checkpointer_wit
     assert Effect.objects.filter(session_id=session_id).count() == 1
     session = Session.objects.get(pk=session_id)
     assert (session.state, session.metadata["thread_id"]) == ("completed", "t-42")
+
+
+def test_a_rejected_held_call_reaches_the_model_as_a_denial_when_the_async_graph_resumes(acme, server, lc_client):
+    model = lc.scripted([[("delete_account", {"account_id": "acct-102"})],
+                         [("delete_account", {"account_id": "acct-103"})], "acct-102 and acct-103 stay."])
+    agent = create_agent(model, lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "cleanup-2"}}
+    person = Person(server, token_of(acme.reviewer))
+
+    async def run() -> tuple:
+        async with thread_session(lc_client, agent, config, agent="cleanup") as first:
+            await agent.ainvoke(ASK, first.config)
+        assert first.interrupted and RAN == []
+        [request] = await asyncio.to_thread(person.pending)
+        decided = await asyncio.to_thread(person.decide, request["id"], "reject", "acct-102 has an open invoice")
+        assert decided.status_code == 200
+        resume = await first.await_decisions(timeout=15)
+        async with thread_session(lc_client, agent, config, agent="cleanup") as second:
+            done = await agent.ainvoke(resume, second.config)
+        return first, second, done
+
+    first, second, done = asyncio.run(run())
+
+    # The model reads the reviewer's reason; the halted run refuses its next call, asking no one.
+    assert tool_messages(done["messages"]) == [
+        "DENIED: acct-102 has an open invoice",
+        "This run is over (halted); the tool call was not executed. Stop calling tools and give your final answer."]
+    assert second.session.id == first.session.id and not second.interrupted
+    assert RAN == []
+    assert Session.objects.get(pk=first.session.id).state == "halted"
+    assert list(Effect.objects.filter(session_id=first.session.id).values_list("state", flat=True)) == ["rejected"]

@@ -10,9 +10,13 @@ methods: if they change, only this file follows.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from .._context import CURRENT
@@ -21,13 +25,13 @@ from ..client import UndoLogClient
 from ..decorator import DeclaredTool, declared_tool, undolog_tool
 from ..errors import ApprovalWaitTimeout
 from ..session import Flow, Session
-from ..tiers import ToolTier
+from ..tiers import ToolSpec, ToolTier
 
 __all__ = ["Declaration", "acall", "call", "declare", "options_for", "wait_for_decision"]
 
 #: What a caller may say about a tool: a tier (``"safe"``, ``ToolTier.COMPENSABLE``) or the
 #: keyword arguments of ``@undolog_tool`` (``{"tier": ..., "compensation": ..., ...}``).
-Declaration = ToolTier | str | Mapping[str, Any]
+Declaration = ToolTier | str | Mapping[str, Any] | ToolSpec
 
 #: Called before a long poll for a reviewer's decision, with the intercept's answer.
 #: It may raise (LangGraph's ``interrupt()`` does) to stop waiting here.
@@ -35,8 +39,11 @@ OnHold = Callable[[Mapping[str, Any]], None]
 
 
 def options_for(declaration: Declaration, **overrides: Any) -> dict[str, Any]:
-    """``@undolog_tool`` keyword arguments from a tier or a mapping of them."""
-    if isinstance(declaration, (ToolTier, str)):
+    """``@undolog_tool`` keyword arguments from a tier, a mapping of them, or a ``ToolSpec``
+    (``spec_of(decorated_fn)``, what ``undolog mcp-import`` classified...)."""
+    if isinstance(declaration, ToolSpec):
+        options = _spec_options(declaration)
+    elif isinstance(declaration, (ToolTier, str)):
         options: dict[str, Any] = {"tier": declaration}
     elif isinstance(declaration, Mapping):
         options = dict(declaration)
@@ -47,6 +54,18 @@ def options_for(declaration: Declaration, **overrides: Any) -> dict[str, Any]:
     if "tier" not in options:
         raise ValueError(f"declaration {declaration!r} has no tier")
     return options
+
+
+def _spec_options(spec: ToolSpec) -> dict[str, Any]:
+    options: dict[str, Any] = {"tier": spec.tier, "cost_weight": spec.cost_weight,
+                               "compensation": spec.compensation, "irreversible": spec.irreversible,
+                               "annotations": spec.annotations or None, "executor": spec.executor}
+    if spec.approval is not None:
+        options.update(reason=spec.approval.reason, risk_tags=spec.approval.risk_tags,
+                       estimated_impact=spec.approval.estimated_impact,
+                       approval_timeout_s=spec.approval.timeout_s,
+                       auto_approve_on_timeout=spec.approval.auto_approve_on_timeout)
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def declare(name: str, parameters: Iterable[str] | None, description: str,
@@ -78,7 +97,14 @@ def call(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
     if tool.safe:
         session._record_safe(tool.name, args)
         return run()
-    return session._drive(_flow(session, tool, args, on_hold), run)
+    if _HOLDING.get() is session:  # a tool calling a tool: it already has the turn
+        return session._drive(_flow(session, tool, args, on_hold), run)
+    with _lock_of(session):
+        token = _HOLDING.set(session)
+        try:
+            return session._drive(_flow(session, tool, args, on_hold), run)
+        finally:
+            _HOLDING.reset(token)
 
 
 async def acall(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Awaitable[Any]],
@@ -90,7 +116,43 @@ async def acall(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Awai
     if tool.safe:
         session._record_safe(tool.name, args)
         return await run()
-    return await session._adrive(_flow(session, tool, args, on_hold), run)
+    if _HOLDING.get() is session:
+        return await session._adrive(_flow(session, tool, args, on_hold), run)
+    async with _alock_of(session):
+        token = _HOLDING.set(session)
+        try:
+            return await session._adrive(_flow(session, tool, args, on_hold), run)
+        finally:
+            _HOLDING.reset(token)
+
+
+# Frameworks run a model's parallel tool calls at once (LangGraph's ToolNode on threads or
+# tasks, the Agents SDK with asyncio.gather). The server answers an intercept made while
+# another call of the session waits for a reviewer with 409 session_awaiting_approval, so
+# the calls of one session that reach the server go one after the other, in the order
+# they arrive. SAFE calls never wait.
+_LOCKS: weakref.WeakKeyDictionary[Session, threading.Lock] = weakref.WeakKeyDictionary()
+_ALOCKS: weakref.WeakKeyDictionary[Session, tuple[Any, asyncio.Lock]] = \
+    weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+_HOLDING: ContextVar[Session | None] = ContextVar("undolog_holding", default=None)
+
+
+def _lock_of(session: Session) -> threading.Lock:
+    with _GUARD:
+        lock = _LOCKS.get(session)
+        if lock is None:
+            lock = _LOCKS[session] = threading.Lock()
+        return lock
+
+
+def _alock_of(session: Session) -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    with _GUARD:
+        held = _ALOCKS.get(session)
+        if held is None or held[0] is not loop:  # an asyncio.Lock belongs to one loop
+            held = _ALOCKS[session] = (loop, asyncio.Lock())
+        return held[1]
 
 
 def _flow(session: Session, tool: DeclaredTool, args: dict[str, Any],

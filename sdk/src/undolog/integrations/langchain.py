@@ -25,7 +25,8 @@ when the graph has a checkpointer (``ThreadRun.wait_for_decisions()`` then gives
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
@@ -37,8 +38,8 @@ from pydantic import ConfigDict
 
 from ..client import UndoLogClient
 from ..decorator import DeclaredTool
-from ..errors import Refused, refusal_as_tool_result
-from ..session import Session
+from ..errors import ApprovalExpired, ApprovalRejected, Refused, refusal_as_tool_result
+from ..session import Session, _decision
 from ..tiers import ToolSpec, ToolTier
 from . import _core
 from ._core import Declaration
@@ -115,8 +116,8 @@ class UndologTool(BaseTool):
              **kwargs: Any) -> Any:
         child = _child_config(config, run_manager)
         try:
-            return _core.call(self.declared, self._model_args(kwargs),
-                              lambda: self.inner.invoke(kwargs, child), _on_hold(self.hold))
+            return _call(self.declared, self._model_args(kwargs),
+                         lambda: self.inner.invoke(kwargs, child), self.hold)
         except Refused as exc:
             return refusal_as_tool_result(exc)
 
@@ -124,11 +125,26 @@ class UndologTool(BaseTool):
                     **kwargs: Any) -> Any:
         child = _child_config(config, run_manager)
         try:
-            return await _core.acall(self.declared, self._model_args(kwargs),
-                                     lambda: self.inner.ainvoke(kwargs, child),
-                                     _on_hold(self.hold))
+            return await _acall(self.declared, self._model_args(kwargs),
+                                lambda: self.inner.ainvoke(kwargs, child), self.hold)
         except Refused as exc:
             return refusal_as_tool_result(exc)
+
+
+def _call(declared: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
+          hold: str) -> Any:
+    refused = _decided_refusal(declared.name, args)
+    if refused is not None:
+        raise refused
+    return _core.call(declared, args, run, _on_hold(hold))
+
+
+async def _acall(declared: DeclaredTool, args: dict[str, Any],
+                 run: Callable[[], Awaitable[Any]], hold: str) -> Any:
+    refused = _decided_refusal(declared.name, args)
+    if refused is not None:
+        raise refused
+    return await _core.acall(declared, args, run, _on_hold(hold))
 
 
 def _child_config(config: RunnableConfig, run_manager: Any) -> RunnableConfig:
@@ -199,13 +215,15 @@ class UndologMiddleware(AgentMiddleware):
     """
 
     def __init__(self, tiers: Mapping[str, Declaration], *, default: Declaration | None = None,
-                 hold: str = "auto") -> None:
+                 hold: str = "auto",
+                 on_refused: Callable[[Mapping[str, Any], Refused], None] | None = None) -> None:
         super().__init__()
         if hold not in _HOLD_MODES:
             raise ValueError(f"hold must be one of {_HOLD_MODES}")
         self.tiers = dict(tiers)
         self.default = default
         self.hold = hold
+        self.on_refused = on_refused
         self._declared: dict[str, DeclaredTool] = {}
         self._lock = threading.Lock()
 
@@ -234,10 +252,10 @@ class UndologMiddleware(AgentMiddleware):
         declared = self._tool_for(call["name"], request.tool)
         ran: list[Any] = []
         try:
-            result = _core.call(declared, dict(call.get("args") or {}),
-                                lambda: _content(handler(request), ran), _on_hold(self.hold))
+            result = _call(declared, dict(call.get("args") or {}),
+                           lambda: _content(handler(request), ran), self.hold)
         except Refused as exc:
-            return _message(call, refusal_as_tool_result(exc), declared.name)
+            return self._refused(call, exc, declared.name)
         except _ToolFailed:
             return ran[0]
         return ran[0] if ran else _message(call, result, declared.name)
@@ -253,13 +271,17 @@ class UndologMiddleware(AgentMiddleware):
             return _content(await handler(request), ran)
 
         try:
-            result = await _core.acall(declared, dict(call.get("args") or {}), run,
-                                       _on_hold(self.hold))
+            result = await _acall(declared, dict(call.get("args") or {}), run, self.hold)
         except Refused as exc:
-            return _message(call, refusal_as_tool_result(exc), declared.name)
+            return self._refused(call, exc, declared.name)
         except _ToolFailed:
             return ran[0]
         return ran[0] if ran else _message(call, result, declared.name)
+
+    def _refused(self, call: Mapping[str, Any], exc: Refused, name: str) -> ToolMessage:
+        if self.on_refused is not None:
+            self.on_refused(call, exc)
+        return _message(call, refusal_as_tool_result(exc), name)
 
 
 def _content(outcome: Any, ran: list[Any]) -> Any:
@@ -311,6 +333,32 @@ def _has_checkpointer() -> bool:
 
 # -- a LangGraph run is an undolog session ----------------------------------------------
 
+# Held calls a reviewer has refused, for the run that resumes the paused graph: LangGraph
+# re-runs the tool, and the model must read the reviewer's reason. The server halts a
+# run on a rejection, so asking it again would only say "not running".
+_DECIDED: ContextVar[list[dict[str, Any]] | None] = ContextVar("undolog_decided", default=None)
+
+
+def _decided_refusal(name: str, args: Mapping[str, Any]) -> Refused | None:
+    decided = _DECIDED.get()
+    for n, held in enumerate(decided or ()):
+        if held["tool"] == name and held["args"] == args:
+            decided.pop(n)
+            effect, state = held["effect"], held["effect"].get("state")
+            if state == "rejected":
+                reason, reviewer = _decision({}, effect)
+                return ApprovalRejected(reason=reason, reviewer=reviewer, body={"effect": effect})
+            if state == "expired":
+                return ApprovalExpired(f"{name}: the approval request expired before a decision; "
+                                       "the call was not executed", body={"effect": effect})
+            return None  # approved or run since: the server replays it
+    return None
+
+
+def _undolog_holds(interrupts: Iterable[Any]) -> list[dict[str, Any]]:
+    return [dict(i.value) for i in interrupts
+            if isinstance(i.value, Mapping) and i.value.get("undolog") == APPROVAL]
+
 
 class ThreadRun:
     """One run of a graph on one thread, as one undolog session (``thread_session``).
@@ -333,39 +381,41 @@ class ThreadRun:
         self.options = dict(options)
         self.session: Session | None = None
         self.config: RunnableConfig = config
+        self.resumed = False
         self.interrupted = False
         self.approvals: list[dict[str, Any]] = []
         self.interrupts: Sequence[Any] = ()
-        self._resumed = False
-
-    @property
-    def resumed(self) -> bool:
-        return self._resumed
+        self._token: Any = None
 
     # -- finding the thread's session ---------------------------------------------------
 
-    def _session_of(self, snapshot: Any, state_of: Callable[[str], Mapping[str, Any]]) -> Session:
-        previous = ((snapshot.metadata or {}).get("undolog_session")
-                    if snapshot is not None else None)
-        self._resumed = False
-        if previous and state_of(previous).get("state") in _RUNNING:
-            self._resumed = True
+    def _previous(self, snapshot: Any) -> str | None:
+        return (snapshot.metadata or {}).get("undolog_session") if snapshot is not None else None
+
+    def _session_for(self, previous: str | None, state: str | None, paused: bool) -> Session:
+        # A graph paused on a held call resumes its session whatever the session's state
+        # (a rejection halts it: the model must still read why); otherwise only a session
+        # still running is carried on (a crash), and a finished one gives way to a new run.
+        if previous and (paused or state in _RUNNING):
+            self.resumed = True
             return self.client.resume_session(previous, **self.options)
         metadata = {**self.metadata}
         if self.thread_id is not None:
             metadata.setdefault("thread_id", str(self.thread_id))
         return self.client.session(agent=self.agent, metadata=metadata, **self.options)
 
-    def _opened(self, session: Session) -> None:
+    def _opened(self, session: Session, decided: list[dict[str, Any]]) -> None:
         self.session = session
         self.config = {**self.base_config,
                        "metadata": {**(self.base_config.get("metadata") or {}),
                                     "undolog_session": str(session.id)}}
+        self._token = _DECIDED.set(decided)
 
-    def _paused(self, snapshot: Any) -> bool:
+    def _closed(self, snapshot: Any) -> bool:
+        """Whether the graph paused (any interrupt: the run is not over)."""
+        _DECIDED.reset(self._token)
         self.interrupts = tuple(snapshot.interrupts) if snapshot is not None else ()
-        self.approvals = [dict(i.value) for i in self.interrupts
-                          if isinstance(i.value, Mapping) and i.value.get("undolog") == APPROVAL]
+        self.approvals = _undolog_holds(self.interrupts)
         return bool(self.interrupts)
 
     def _has_checkpointer(self) -> bool:
@@ -375,62 +425,62 @@ class ThreadRun:
 
     def __enter__(self) -> ThreadRun:
         snapshot = self.graph.get_state(self.base_config) if self._has_checkpointer() else None
-        session = self._session_of(snapshot, self.client.get_session)
+        previous = self._previous(snapshot)
+        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None else []
+        state = self.client.get_session(previous).get("state") if previous and not holds else None
+        decided = [{**h, "effect": self.client.get_effect(str(h["effect_id"]))} for h in holds]
+        session = self._session_for(previous, state, bool(holds))
         session.__enter__()
-        self._opened(session)
+        self._opened(session, decided)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self.session is not None
-        if exc is None and self._has_checkpointer() and \
-                self._paused(self.graph.get_state(self.base_config)):
+        snapshot = (self.graph.get_state(self.base_config)
+                    if exc is None and self._has_checkpointer() else None)
+        if self._closed(snapshot):
             self._leave_running()
             return
         self.session.__exit__(exc_type, exc, tb)
 
     def wait_for_decisions(self, timeout: float | None = None) -> Command:
         """Block until a reviewer decided each held call; the ``Command`` that resumes
-        the graph (``graph.invoke(run.wait_for_decisions(), run.config)`` in a new
-        ``thread_session`` block)."""
-        decisions = {}
-        for interrupt_ in self.interrupts:
-            value = interrupt_.value
-            if isinstance(value, Mapping) and value.get("undolog") == APPROVAL:
-                effect = _core.wait_for_decision(self.client, str(value["effect_id"]), timeout)
-                decisions[interrupt_.id] = effect.get("state")
-        return _resume(decisions)
+        the graph (``graph.invoke(run.wait_for_decisions(), next_run.config)`` in a new
+        ``thread_session`` block on the same thread)."""
+        return _resume({i.id: _core.wait_for_decision(self.client, str(i.value["effect_id"]),
+                                                      timeout)
+                        for i in self.interrupts if _is_hold(i)})
 
     # -- async -----------------------------------------------------------------------
 
     async def __aenter__(self) -> ThreadRun:
         snapshot = (await self.graph.aget_state(self.base_config)
                     if self._has_checkpointer() else None)
-        previous = ((snapshot.metadata or {}).get("undolog_session")
-                    if snapshot is not None else None)
-        state = (await self.client.aget_session(previous)) if previous else {}
-        session = self._session_of(snapshot, lambda _sid: state)
+        previous = self._previous(snapshot)
+        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None else []
+        state = ((await self.client.aget_session(previous)).get("state")
+                 if previous and not holds else None)
+        decided = [{**h, "effect": await self.client.aget_effect(str(h["effect_id"]))}
+                   for h in holds]
+        session = self._session_for(previous, state, bool(holds))
         await session.__aenter__()
-        self._opened(session)
+        self._opened(session, decided)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self.session is not None
-        if exc is None and self._has_checkpointer() and \
-                self._paused(await self.graph.aget_state(self.base_config)):
+        snapshot = (await self.graph.aget_state(self.base_config)
+                    if exc is None and self._has_checkpointer() else None)
+        if self._closed(snapshot):
             self._leave_running()
             return
         await self.session.__aexit__(exc_type, exc, tb)
 
     async def await_decisions(self, timeout: float | None = None) -> Command:
         """Async twin of ``wait_for_decisions``."""
-        decisions = {}
-        for interrupt_ in self.interrupts:
-            value = interrupt_.value
-            if isinstance(value, Mapping) and value.get("undolog") == APPROVAL:
-                effect = await _core.await_decision(self.client, str(value["effect_id"]),
-                                                    timeout)
-                decisions[interrupt_.id] = effect.get("state")
-        return _resume(decisions)
+        return _resume({i.id: await _core.await_decision(self.client, str(i.value["effect_id"]),
+                                                         timeout)
+                        for i in self.interrupts if _is_hold(i)})
 
     def _leave_running(self) -> None:
         """The graph paused (an interrupt): the run is not over, so the session is neither
@@ -440,10 +490,16 @@ class ThreadRun:
         self.session._deactivate()
 
 
-def _resume(decisions: Mapping[str, Any]) -> Command:
+def _is_hold(interrupt_: Any) -> bool:
+    return isinstance(interrupt_.value, Mapping) and interrupt_.value.get("undolog") == APPROVAL
+
+
+def _resume(decisions: Mapping[str, Mapping[str, Any]]) -> Command:
+    """Resume values: each held call's effect as the reviewer left it (its ``state``)."""
     if not decisions:
         raise ValueError("the graph is not waiting for an undolog approval")
-    return Command(resume=dict(decisions))
+    return Command(resume={i: {"undolog": "decision", "effect_id": e.get("id"),
+                               "state": e.get("state")} for i, e in decisions.items()})
 
 
 def thread_session(client: UndoLogClient, graph: Any, config: RunnableConfig, *,
@@ -453,8 +509,8 @@ def thread_session(client: UndoLogClient, graph: Any, config: RunnableConfig, *,
     graph.invoke(inputs, run.config)`` (or ``async with`` and ``ainvoke``).
 
     A new run of the thread opens a session (metadata ``thread_id``); a thread whose last
-    checkpoint belongs to a session still running (a crash, an interrupt) resumes that
-    session, so the calls it committed replay. ``options`` are ``client.session``'s.
+    checkpoint belongs to a session still running (a crash) or to a graph paused on a held
+    call resumes that session, so the calls it committed replay. ``options`` are
+    ``client.session``'s.
     """
     return ThreadRun(client, graph, config, agent=agent, metadata=metadata, options=options)
-
