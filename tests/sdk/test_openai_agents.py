@@ -14,7 +14,7 @@ from agents import Agent, ModelResponse, Runner, Usage, UserError, function_tool
 from agents.models.interface import Model
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from undolog import CompensationDescriptor
-from undolog.integrations.openai_agents import wrap_function_tools
+from undolog.integrations.openai_agents import decisions, wrap_function_tools
 
 from effects.models import Effect, Session
 from tests.receiver import Receiver
@@ -60,6 +60,8 @@ TIERS: dict[str, Any] = {
     "export_account": "safe",
 }
 TOOLS = wrap_function_tools([send_email, delete_account, export_account], TIERS)
+# The same tools with the SDK's human-in-the-loop: a held call stops the run (an interruption).
+HITL_TOOLS = wrap_function_tools([send_email, delete_account, export_account], TIERS, hold="interrupt")
 
 
 class ScriptedModel(Model):
@@ -91,8 +93,8 @@ class ScriptedModel(Model):
         raise NotImplementedError("the tests run the agent loop without streaming")
 
 
-def agent_with(model: ScriptedModel) -> Agent:
-    return Agent(name="cleanup", instructions="Clean up inactive accounts.", model=model, tools=TOOLS)
+def agent_with(model: ScriptedModel, tools=TOOLS) -> Agent:
+    return Agent(name="cleanup", instructions="Clean up inactive accounts.", model=model, tools=tools)
 
 
 def tool_outputs(items) -> list[str]:
@@ -182,3 +184,37 @@ def test_the_model_reads_a_rejection_as_the_tool_output(acme, server, oa_client)
     assert tool_outputs(model.seen[-1]) == ["DENIED: acct-102 has an open invoice"]
     assert RAN == []
     assert s.state == "halted"
+
+
+def test_a_held_call_interrupts_the_run_and_the_reviewers_decisions_resume_it(acme, server, oa_client):
+    model = ScriptedModel([("delete_account", {"account_id": "acct-101"})],
+                          [("delete_account", {"account_id": "acct-102"})], "Deleted acct-101 only.")
+    agent = agent_with(model, HITL_TOOLS)
+    person = Person(server, token_of(acme.reviewer))
+    seen: list[str] = []
+
+    async def decide(verb: str, reason: str = "") -> None:
+        [request] = await asyncio.to_thread(person.pending)
+        seen.append(request["proposed_args"]["account_id"])
+        assert (await asyncio.to_thread(person.decide, request["id"], verb, reason)).status_code == 200
+
+    async def run():
+        async with oa_client.session(agent="cleanup") as s:
+            result = await Runner.run(agent, "Delete the inactive accounts")
+            # The SDK's interruption: the run stopped at the held call, which did not run.
+            assert [i.name for i in result.interruptions] == ["delete_account"] and RAN == []
+            await decide("approve")
+            result = await Runner.run(agent, await decisions(result, timeout=15))
+            assert [i.name for i in result.interruptions] == ["delete_account"]
+            await decide("reject", "acct-102 has an open invoice")
+            result = await Runner.run(agent, await decisions(result, timeout=15))
+        return s, result
+
+    s, result = asyncio.run(run())
+
+    assert seen == ["acct-101", "acct-102"]
+    assert RAN == ["delete_account acct-101"]
+    assert result.final_output == "Deleted acct-101 only."
+    assert tool_outputs(model.seen[-1]) == ["deleted acct-101", "DENIED: acct-102 has an open invoice"]
+    assert s.state == "halted"
+    assert sorted(Effect.objects.filter(session_id=s.id).values_list("state", flat=True)) == ["committed", "rejected"]

@@ -187,8 +187,8 @@ def _holding(flow: Flow, on_hold: OnHold) -> Flow:
                         "approval": value.get("approval") or last.get("approval") or {}}
 
 
-def wait_for_decision(client: UndoLogClient, effect_id: str, timeout: float | None = None,
-                      poll_wait: float = 30.0) -> dict[str, Any]:
+def wait_for_decision(client: UndoLogClient | Session, effect_id: str,
+                      timeout: float | None = None, poll_wait: float = 30.0) -> dict[str, Any]:
     """The effect once a reviewer decided it (not pending any more), waiting by long poll."""
     flow = _decision_flow(effect_id, timeout, poll_wait)
     answer: Any = None
@@ -200,8 +200,8 @@ def wait_for_decision(client: UndoLogClient, effect_id: str, timeout: float | No
         answer = client._http.send(call)
 
 
-async def await_decision(client: UndoLogClient, effect_id: str, timeout: float | None = None,
-                         poll_wait: float = 30.0) -> dict[str, Any]:
+async def await_decision(client: UndoLogClient | Session, effect_id: str,
+                         timeout: float | None = None, poll_wait: float = 30.0) -> dict[str, Any]:
     """Async twin of ``wait_for_decision``."""
     flow = _decision_flow(effect_id, timeout, poll_wait)
     answer: Any = None
