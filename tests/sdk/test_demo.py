@@ -75,7 +75,9 @@ PAUSES = [
 
 
 def test_it_plays_the_story_through_a_langgraph_agent():
-    done, var_dir = play_demo("--framework", "langgraph")
+    # The story takes as long as the scripted one (about 6 s); importing LangChain and
+    # LangGraph adds seconds on a loaded machine. The bound catches a hang (a missed resume).
+    done, var_dir = play_demo("--framework", "langgraph", limit=90)
     assert "the agent: a LangGraph agent (create_agent, a checkpointer)" in done.stdout
     assert_the_story(done.stdout)
     in_order(done.stdout, PAUSES)
@@ -83,7 +85,7 @@ def test_it_plays_the_story_through_a_langgraph_agent():
     assert_everything_stopped(done.stdout, var_dir)
 
 
-def play_demo(*args: str) -> tuple[subprocess.CompletedProcess, Path]:
+def play_demo(*args: str, limit: float = 45) -> tuple[subprocess.CompletedProcess, Path]:
     var_dir = Path(settings.VAR_DIR) / f"test-demo-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}
     started = time.monotonic()
@@ -91,7 +93,7 @@ def play_demo(*args: str) -> tuple[subprocess.CompletedProcess, Path]:
                           cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert took < 45, took
+    assert took < limit, took
     return done, var_dir
 
 
