@@ -208,3 +208,21 @@ def test_a_budget_refusal_is_the_function_tools_output(client: UndoLogClient,
 
     assert asyncio.run(run()) == message
     assert RAN == []
+
+
+def test_a_replayed_function_tool_call_returns_the_stored_result(client: UndoLogClient,
+                                                                  server: FakeServer) -> None:
+    undo = CompensationDescriptor.new("undo_notify", {"to": "{to}"})
+    [wrapped] = wrap_function_tools([notify], {"notify": {"tier": "compensable",
+                                                          "compensation": undo}})
+    client.register(wrapped)
+
+    async def run() -> list[object]:
+        async with client.session(agent="cleanup") as s:
+            first = await _call(wrapped, {"to": "a@x.io"})
+        async with client.resume_session(s.id):  # as after a crash: the agent runs again
+            again = await _call(wrapped, {"to": "a@x.io"})
+        return [first, again]
+
+    assert asyncio.run(run()) == ["notified a@x.io", "notified a@x.io"]
+    assert RAN == ["notify a@x.io"]

@@ -182,3 +182,20 @@ def test_a_rejected_held_call_reaches_the_model_as_a_denial_when_the_async_graph
     assert RAN == []
     assert Session.objects.get(pk=first.session.id).state == "halted"
     assert list(Effect.objects.filter(session_id=first.session.id).values_list("state", flat=True)) == ["rejected"]
+
+
+def test_parallel_held_calls_of_one_turn_wait_one_after_the_other(acme, server, lc_client):
+    # One model turn with two deletions: LangGraph runs them at once, the adapter sends them
+    # one after the other (else the second is answered 409 session_awaiting_approval).
+    person = reviewer(acme, server, ("approve", ""), ("approve", ""))
+    both = [("delete_account", {"account_id": "acct-101"}), ("delete_account", {"account_id": "acct-102"})]
+    model = lc.scripted([both, "Deleted both."])
+    agent = create_agent(model, lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)])
+
+    with lc_client.session(agent="cleanup") as s:
+        result = agent.invoke(ASK)
+    person.finish()
+
+    assert sorted(tool_messages(result["messages"])) == ["deleted acct-101", "deleted acct-102"]
+    assert sorted(RAN) == ["delete_account acct-101", "delete_account acct-102"]
+    assert s.state == "completed" and len(person.asked) == 2

@@ -218,3 +218,28 @@ def test_a_held_call_interrupts_the_run_and_the_reviewers_decisions_resume_it(ac
     assert tool_outputs(model.seen[-1]) == ["deleted acct-101", "DENIED: acct-102 has an open invoice"]
     assert s.state == "halted"
     assert sorted(Effect.objects.filter(session_id=s.id).values_list("state", flat=True)) == ["committed", "rejected"]
+
+
+def test_parallel_held_calls_stop_the_run_and_each_is_decided_before_it_runs(acme, server, oa_client):
+    # One model turn with two deletions: the first is held (an interruption), the second is
+    # deferred behind it; once approved, the second is asked for and waited on in place.
+    both = [("delete_account", {"account_id": "acct-101"}), ("delete_account", {"account_id": "acct-102"})]
+    model = ScriptedModel(both, "Deleted both.")
+    agent = agent_with(model, HITL_TOOLS)
+    person = reviewer(acme, server, ("approve", ""), ("approve", ""), delay=0.2)
+
+    async def run():
+        async with oa_client.session(agent="cleanup") as s:
+            result = await Runner.run(agent, "Delete acct-101 and acct-102")
+            assert [i.name for i in result.interruptions] == ["delete_account", "delete_account"] and RAN == []
+            result = await Runner.run(agent, await decisions(result, timeout=15))
+        return s, result
+
+    s, result = asyncio.run(run())
+    person.finish()
+
+    # Which of the two is held first is the SDK's order; each is asked for once, then runs once.
+    assert sorted(r["proposed_args"]["account_id"] for r in person.asked) == ["acct-101", "acct-102"]
+    assert sorted(RAN) == ["delete_account acct-101", "delete_account acct-102"]
+    assert sorted(tool_outputs(model.seen[-1])) == ["deleted acct-101", "deleted acct-102"]
+    assert result.final_output == "Deleted both." and s.state == "completed"
