@@ -10,7 +10,8 @@ import sys
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 from undolog.integrations.langchain import UndologMiddleware, specs, thread_session, wrap_tools
 
@@ -103,6 +104,22 @@ def test_a_graph_with_a_checkpointer_interrupts_and_resumes_when_the_reviewer_ap
     assert done["messages"][-1].content == "Deleted acct-101."
     assert RAN == ["delete_account acct-101"]
     assert Session.objects.get(pk=run.session.id).state == "completed"
+
+
+class RetryingModel(lc.ScriptedChatModel):
+    """The script, except that a call the adapter said to make again is made again (which of
+    two parallel calls is held first is the threads' order), as a model would."""
+
+    def _generate(self, messages, *args, **kwargs):
+        calls = {c["id"]: c for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
+        answered = [m for m in messages if isinstance(m, ToolMessage)]
+        again = [calls[m.tool_call_id] for m in answered[-2:] if m.content.startswith("Another call")]
+        retried = any(c["id"].startswith("again") for c in calls.values())
+        if again and not retried:
+            self.seen.append(list(messages))
+            call = {**again[0], "id": "again_1"}
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(content="", tool_calls=[call]))])
+        return super()._generate(messages, *args, **kwargs)
 
 
 def test_the_model_reads_the_budget_refusal_as_the_tool_output(acme, server, lc_client):
@@ -199,3 +216,31 @@ def test_parallel_held_calls_of_one_turn_wait_one_after_the_other(acme, server, 
     assert sorted(tool_messages(result["messages"])) == ["deleted acct-101", "deleted acct-102"]
     assert sorted(RAN) == ["delete_account acct-101", "delete_account acct-102"]
     assert s.state == "completed" and len(person.asked) == 2
+
+
+def test_with_interrupts_a_parallel_sibling_of_a_held_call_is_told_to_call_again(acme, server, lc_client):
+    # create_agent runs each tool call as its own task: the first deletion pauses the graph,
+    # its sibling (answered 409 while the first waits) tells the model to call it again.
+    both = [("delete_account", {"account_id": "acct-101"}), ("delete_account", {"account_id": "acct-102"})]
+    model = RetryingModel(messages=lc.scripted([both, "Deleted both."]).messages, seen=[])
+    agent = create_agent(model, lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "cleanup-3"}}
+    person = Person(server, token_of(acme.reviewer))
+    command, pauses = ASK, 0
+    while True:
+        with thread_session(lc_client, agent, config, agent="cleanup") as run:
+            result = agent.invoke(command, run.config)
+        if not run.interrupted:
+            break
+        pauses += 1
+        [request] = person.pending()
+        assert person.decide(request["id"], "approve").status_code == 200
+        command = run.wait_for_decisions(timeout=15)
+
+    outputs = tool_messages(result["messages"])
+    assert pauses == 2 and sorted(RAN) == ["delete_account acct-101", "delete_account acct-102"]
+    assert outputs.count("Another call of this run is waiting for a reviewer; this call was not executed. "
+                         "Call it again once that call is decided.") == 1
+    assert sorted(o for o in outputs if o.startswith("deleted")) == ["deleted acct-101", "deleted acct-102"]
+    assert Session.objects.get(pk=run.session.id).state == "completed"

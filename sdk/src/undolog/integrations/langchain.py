@@ -38,7 +38,13 @@ from pydantic import ConfigDict
 
 from ..client import UndoLogClient
 from ..decorator import DeclaredTool
-from ..errors import ApprovalExpired, ApprovalRejected, Refused, refusal_as_tool_result
+from ..errors import (
+    ApprovalExpired,
+    ApprovalRejected,
+    Refused,
+    SessionAwaitingApproval,
+    refusal_as_tool_result,
+)
 from ..session import Session, _decision
 from ..tiers import ToolSpec, ToolTier
 from . import _core
@@ -63,6 +69,22 @@ APPROVAL = "approval"
 _HOLD_MODES = ("auto", "block")
 
 _RUNNING = frozenset({"running", "awaiting_approval"})
+
+
+class _HeldBehind(Refused):
+    """With interrupts, a model's parallel calls are not serialized past a pause: the first
+    held call pauses the graph, and a sibling that reaches the server meanwhile is told to
+    call again (it is answered 409 session_awaiting_approval; nothing ran)."""
+
+    default_code = "session_awaiting_approval"
+
+
+_HELD_BEHIND = ("Another call of this run is waiting for a reviewer; this call was not "
+                "executed. Call it again once that call is decided.")
+
+
+def _refusal_text(exc: Refused) -> str:
+    return exc.message if isinstance(exc, _HeldBehind) else refusal_as_tool_result(exc)
 
 
 class _ToolFailed(Exception):
@@ -119,7 +141,7 @@ class UndologTool(BaseTool):
             return _call(self.declared, self._model_args(kwargs),
                          lambda: self.inner.invoke(kwargs, child), self.hold)
         except Refused as exc:
-            return refusal_as_tool_result(exc)
+            return _refusal_text(exc)
 
     async def _arun(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
                     **kwargs: Any) -> Any:
@@ -128,7 +150,7 @@ class UndologTool(BaseTool):
             return await _acall(self.declared, self._model_args(kwargs),
                                 lambda: self.inner.ainvoke(kwargs, child), self.hold)
         except Refused as exc:
-            return refusal_as_tool_result(exc)
+            return _refusal_text(exc)
 
 
 def _call(declared: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
@@ -136,7 +158,13 @@ def _call(declared: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
     refused = _decided_refusal(declared.name, args)
     if refused is not None:
         raise refused
-    return _core.call(declared, args, run, _on_hold(hold))
+    on_hold = _on_hold(hold)
+    try:
+        return _core.call(declared, args, run, on_hold)
+    except SessionAwaitingApproval as exc:
+        if on_hold is None:
+            raise
+        raise _HeldBehind(_HELD_BEHIND, body=exc.body) from exc
 
 
 async def _acall(declared: DeclaredTool, args: dict[str, Any],
@@ -144,7 +172,13 @@ async def _acall(declared: DeclaredTool, args: dict[str, Any],
     refused = _decided_refusal(declared.name, args)
     if refused is not None:
         raise refused
-    return await _core.acall(declared, args, run, _on_hold(hold))
+    on_hold = _on_hold(hold)
+    try:
+        return await _core.acall(declared, args, run, on_hold)
+    except SessionAwaitingApproval as exc:
+        if on_hold is None:
+            raise
+        raise _HeldBehind(_HELD_BEHIND, body=exc.body) from exc
 
 
 def _child_config(config: RunnableConfig, run_manager: Any) -> RunnableConfig:
@@ -281,7 +315,7 @@ class UndologMiddleware(AgentMiddleware):
     def _refused(self, call: Mapping[str, Any], exc: Refused, name: str) -> ToolMessage:
         if self.on_refused is not None:
             self.on_refused(call, exc)
-        return _message(call, refusal_as_tool_result(exc), name)
+        return _message(call, _refusal_text(exc), name)
 
 
 def _content(outcome: Any, ran: list[Any]) -> Any:
