@@ -25,6 +25,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--interactive", action="store_true",
                         help="wait for a person to decide in the dashboard instead of the "
                              "scripted reviewer")
+    parser.add_argument("--framework", choices=("scripted", "langgraph"), default="scripted",
+                        help="the agent: undolog's ScriptedAgent, or a LangGraph agent driven by "
+                             "LangChain's fake chat model (needs undolog[langchain])")
     parser.add_argument("--var-dir", type=Path, default=REPO / "var" / "demo",
                         help="where its own server keeps its database and Redis socket "
                              "(wiped first)")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         server = start(args.var_dir)
     demo = Demo(server, args.var_dir, interactive=args.interactive,
-                say=lambda line: print(line, flush=True))
+                say=lambda line: print(line, flush=True), framework=args.framework)
     try:
         demo.run()
     finally:

@@ -6,6 +6,8 @@ against a real undolog server, with the SDK and a scripted agent instead of a mo
 2. The same run with a reviewer in front of every deletion: one approved, one denied
    (the guide's step 5).
 3. Compensable notices: the run fails and the worker recalls the two notices already sent.
+
+``framework="langgraph"`` plays the same script through a LangGraph agent (frameworks.py).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ CAP = 2
 
 class Demo:
     def __init__(self, server: Server, var_dir: Path, *, interactive: bool = False,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, framework: str = "scripted") -> None:
         creds = server.credentials
         self.server, self.interactive, self.say = server, interactive, say
+        self.framework = framework
         # Unattended, no call waits more than a minute for a decision; a person may take longer.
         self.client = UndoLogClient(server.url, creds["agent_key"], on_wait=self.waiting,
                                     poll_wait=5, approval_timeout=None if interactive else 60)
@@ -44,6 +47,11 @@ class Demo:
         self.recalls = Recalls(self.ops, creds["webhook_secret"])
         self.waited: set[str] = set()
         self.sessions: list[Session] = []
+        self.graph = None
+        if framework == "langgraph":  # imported only when asked: it needs undolog[langchain]
+            from .frameworks import GraphAgent
+
+            self.graph = GraphAgent(self.client, TOOLS, say)
 
     def close(self) -> None:
         self.recalls.close()
@@ -70,6 +78,9 @@ class Demo:
         self.say("  The accounts (a file, like the guide's reset_db.py) are reset to the guide's\n"
                  "  five before parts 1 and 2, so each starts from the same data; part 3 carries\n"
                  "  on from part 2.")
+        if self.graph is not None:
+            self.say("  the agent: a LangGraph agent (create_agent, a checkpointer) driven by "
+                     "LangChain's fake chat model,\n  its plain tools tiered by UndologMiddleware")
         if self.client.get_budget("cleanup")["state"] != "active":
             self.admin.post("/api/v1/agents/cleanup/resume", {"note": "the demo starts over"})
         limits = {"max_irreversible_per_run": CAP, "on_exceeded": "pause"}
@@ -162,6 +173,8 @@ class Demo:
     def play(self, script: list[Any],
              reviewer: Reviewer | None = None) -> tuple[Transcript, Session]:
         """One run of the scripted agent in a session of its own."""
+        if self.graph is not None:
+            return self.play_graph(script, reviewer)
         agent = ScriptedAgent(script, tools=TOOLS)
         try:
             with self.client.session(agent="cleanup") as session:
@@ -173,6 +186,24 @@ class Demo:
         finally:
             if reviewer is not None:
                 reviewer.stop()
+        return transcript, session
+
+    def play_graph(self, script: list[Any],
+                   reviewer: Reviewer | None) -> tuple[Transcript, Session]:
+        """One run of the LangGraph agent: one thread, one session (resumed after a pause)."""
+
+        def opened(session: Session) -> None:
+            self.sessions.append(session)
+            if reviewer is not None:
+                reviewer.session_id = session.id
+                reviewer.start()
+
+        try:
+            transcript, session = self.graph.play(script, opened)
+        finally:
+            if reviewer is not None:
+                reviewer.stop()
+        self.sessions[-1] = session  # the resumed run's Session knows how it ended
         return transcript, session
 
     def report(self, transcript: Transcript, session: Session) -> None:

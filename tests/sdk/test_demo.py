@@ -58,26 +58,63 @@ IN_ORDER = [
 
 
 def test_it_runs_the_whole_demo_unattended_in_well_under_a_minute():
+    done, var_dir = play_demo()
+    assert_the_story(done.stdout)
+    assert_everything_stopped(done.stdout, var_dir)
+
+
+# The same story through a LangGraph agent: each held deletion pauses the graph (interrupt)
+# and the run resumes once it is decided; everything else reads the same.
+PAUSES = [
+    "langgraph: the graph paused at delete_account({'account_id': 'acct-101'}) (interrupt)",
+    "ops: deleted acct-101",
+    "langgraph: the graph paused at delete_account({'account_id': 'acct-102'}) (interrupt)",
+    "ops: deleted acct-102",
+    "tool call: delete_account {'account_id': 'acct-102'} -> DENIED: acct-102 has an open invoice",
+]
+
+
+def test_it_plays_the_story_through_a_langgraph_agent():
+    # The story takes as long as the scripted one (about 6 s); importing LangChain and
+    # LangGraph adds seconds on a loaded machine. The bound catches a hang (a missed resume).
+    done, var_dir = play_demo("--framework", "langgraph", limit=90)
+    assert "the agent: a LangGraph agent (create_agent, a checkpointer)" in done.stdout
+    assert_the_story(done.stdout)
+    in_order(done.stdout, PAUSES)
+    assert done.stdout.count("(interrupt)") == 4  # two deletions per part, paused and resumed
+    assert_everything_stopped(done.stdout, var_dir)
+
+
+def play_demo(*args: str, limit: float = 45) -> tuple[subprocess.CompletedProcess, Path]:
     var_dir = Path(settings.VAR_DIR) / f"test-demo-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "sdk.demo", "--own-server", "--var-dir", str(var_dir)],
+    done = subprocess.run([sys.executable, "-m", "sdk.demo", "--own-server", "--var-dir", str(var_dir), *args],
                           cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
-
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert took < 45, took
-    lines = done.stdout.splitlines()
-    at = 0
-    for expected in IN_ORDER:  # each key line, in this order
-        found = next((n for n in range(at, len(lines)) if expected in lines[n]), None)
-        assert found is not None, f"missing after line {at}: {expected!r}\n{done.stdout}"
-        at = found + 1
-    assert done.stdout.count("ops: deleted") == 3  # two in part 1, one in part 2
-    assert done.stdout.count("reviewer asked:") == 2  # the cap kept the third from the reviewer
+    assert took < limit, took
+    return done, var_dir
 
-    # Everything it started is gone: the server's port is closed, the Redis socket silent.
-    url = re.search(r"on its own server at (http://\S+)", done.stdout).group(1)
+
+def in_order(stdout: str, expected_lines: list[str]) -> None:
+    lines = stdout.splitlines()
+    at = 0
+    for expected in expected_lines:  # each key line, in this order
+        found = next((n for n in range(at, len(lines)) if expected in lines[n]), None)
+        assert found is not None, f"missing after line {at}: {expected!r}\n{stdout}"
+        at = found + 1
+
+
+def assert_the_story(stdout: str) -> None:
+    in_order(stdout, IN_ORDER)
+    assert stdout.count("ops: deleted") == 3  # two in part 1, one in part 2
+    assert stdout.count("reviewer asked:") == 2  # the cap kept the third from the reviewer
+
+
+def assert_everything_stopped(stdout: str, var_dir: Path) -> None:
+    """Everything the demo started is gone: the server's port is closed, the Redis socket silent."""
+    url = re.search(r"on its own server at (http://\S+)", stdout).group(1)
     try:
         httpx.get(f"{url}/healthz", timeout=1)
         raise AssertionError("the demo's server still answers")
