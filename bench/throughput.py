@@ -12,6 +12,7 @@ session each, since it holds its session for a reviewer). Then one client alone,
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shutil
@@ -25,13 +26,15 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolo
 
 from bench.common import BASE_DIR, free_port, setup_django
 
+_RUNS = itertools.count()  # each wrk run makes new calls: a repeated one would be a replay
+
 LUA = """
 local items, n, kind = {}, 0, "%(kind)s"
 local token = "%(token)s"
 for line in io.lines("%(items)s") do items[#items + 1] = line end
 threads_seen = 0
 function setup(thread) threads_seen = threads_seen + 1; thread:set("offset", threads_seen) end
-function init(args) n = offset * 1000000 end
+function init(args) n = offset * 10000000 + %(round)d * 1000000 end  -- no two runs repeat a call
 function request()
   n = n + 1
   local headers = {["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}
@@ -51,11 +54,11 @@ function request()
       '{"tool":"send_email","step_index":1,"args":{"to":"replayed@x.io","subject":"hi"}}')
   end
   if kind == "commit" then
-    item = items[n - offset * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
+    item = items[n - offset * 10000000 - %(round)d * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
     return wrk.format("POST", "/api/v1/effects/" .. item .. "/commit", headers, '{"result":{"sent":true}}')
   end
   if kind == "irreversible" then
-    item = items[n - offset * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
+    item = items[n - offset * 10000000 - %(round)d * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
     return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
       '{"tool":"delete_account","step_index":1,"args":{"account_id":"' .. n .. '"}}')
   end
@@ -139,7 +142,8 @@ def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, c
         share = len(items) // slices
         items = items[offset * share:(offset + 1) * share]
     items_file.write_text("\n".join(items) + "\n")
-    script.write_text(LUA % {"kind": kind, "token": token, "items": items_file, "threads": threads})
+    script.write_text(LUA % {"kind": kind, "token": token, "items": items_file, "threads": threads,
+                             "round": next(_RUNS)})
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency",
                "-s", str(script), base]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout

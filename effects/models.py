@@ -419,6 +419,9 @@ class SafeCall(models.Model):
 
     class Meta:
         ordering = ["step_index", "id"]
+        # A report is checked against the steps already recorded (a retry reports them again):
+        # by (session, step), not by scanning every SAFE call of a long run.
+        indexes = [models.Index(fields=["session", "step_index"], name="safe_call_step")]
 
 
 class EffectQuerySet(models.QuerySet):
