@@ -457,7 +457,9 @@ class Effect(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="effects", editable=False)
+    # No index of its own: the unique (session, call_signature) below serves every lookup by session.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="effects", editable=False,
+                                db_index=False)
     tool = models.ForeignKey(Tool, null=True, on_delete=models.SET_NULL, related_name="effects", editable=False)
     tool_name = models.CharField(max_length=200, editable=False)
     tier = models.CharField(max_length=16, choices=Tier.choices, editable=False)
@@ -467,7 +469,7 @@ class Effect(models.Model):
     args = models.JSONField(default=dict, editable=False)
     args_digest = models.CharField(max_length=64, editable=False)
     reasoning = models.TextField(blank=True, editable=False)
-    state = models.CharField(max_length=24, choices=State.choices, db_index=True)
+    state = models.CharField(max_length=24, choices=State.choices)  # indexed in Meta (no LIKE index)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     # Its undo entry's args read the result ({result.number}): rendered when the effect commits.
@@ -482,6 +484,9 @@ class Effect(models.Model):
             # Exactly-once rests on this, not on a SELECT first.
             models.UniqueConstraint(fields=["session", "call_signature"], name="one_effect_per_signature"),
         ]
+        # A plain index, not `db_index=True`: on PostgreSQL that adds a second, LIKE-only index
+        # that no query uses and every intercept pays for.
+        indexes = [models.Index(fields=["state"], name="effect_state")]
         ordering = ["step_index", "created"]
 
     def __str__(self) -> str:
@@ -638,7 +643,7 @@ class UndoEntry(models.Model):
         help_text="The tool's template when it reads the result ({result.id}); args are rendered at commit.")
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
-    state = models.CharField(max_length=24, choices=State.choices, default=State.PENDING, db_index=True)
+    state = models.CharField(max_length=24, choices=State.choices, default=State.PENDING)  # indexed in Meta
     attempts = models.PositiveSmallIntegerField(default=0)
     round_start = models.PositiveSmallIntegerField(
         default=0, help_text="Attempts made before the last retry by hand.")
@@ -668,7 +673,8 @@ class UndoEntry(models.Model):
         # Only the open entries: the walk looks for the top open entry at every step, and a full index
         # would make it step over every entry already compensated (quadratic in the stack's size).
         indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_open_lifo",
-                                condition=models.Q(state__in=["pending", "running", "compensation_failed"]))]
+                                condition=models.Q(state__in=["pending", "running", "compensation_failed"])),
+                   models.Index(fields=["state"], name="undo_entry_state")]  # no LIKE index (see Effect)
 
     def __str__(self) -> str:
         return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"
