@@ -55,6 +55,10 @@ SERVERS = {
     "gunicorn (WSGI)": lambda port, workers: [
         sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{port}",
         "-w", str(workers), "-k", "gthread", "--threads", "8", "--log-level", "warning"],
+    # Sync workers, as the hot-path benchmark deploys /api/ (bench/throughput.py).
+    "gunicorn (sync)": lambda port, workers: [
+        sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{port}",
+        "-w", str(workers), "--log-level", "warning", "--backlog", "512"],
     "uvicorn (ASGI)": lambda port, workers: [
         sys.executable, "-m", "uvicorn", "bench.asgi:application", "--host", "127.0.0.1", "--port", str(port),
         "--workers", str(workers), "--no-access-log", "--log-level", "warning"],

@@ -17,14 +17,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_tp")
 
-from bench.common import BASE_DIR, free_port, setup_django
+from bench.common import BASE_DIR, Server, setup_django
 
 _RUNS = itertools.count()  # each wrk run makes new calls: a repeated one would be a replay
 
@@ -102,35 +100,6 @@ def prepare(commits: int, irreversible: int) -> dict:
             "fresh": [str(s.id) for s in fresh]}
 
 
-class Gunicorn:
-    def __init__(self, workers: int) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{self.port}",
-             "-w", str(workers), "--log-level", "warning", "--backlog", "512"],
-            cwd=BASE_DIR, env=env, start_new_session=True)
-        import httpx
-
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError("gunicorn did not start")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        import signal
-
-        os.killpg(self.process.pid, signal.SIGTERM)
-        self.process.wait(timeout=20)
-
-
 def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, connections: int,
         threads: int = 2, offset: int = 0, slices: int = 1) -> dict:
     """One wrk run. Kinds that use each item once (commit, irreversible) take the `offset`-th
@@ -181,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The replay's call, committed once before the clock starts.
     import httpx
 
-    server = Gunicorn(args.workers)
+    server = Server("gunicorn (sync)", args.workers)
     headers = {"Authorization": f"Bearer {data['key']}"}
     replayed = data["running"][0]
     httpx.post(f"{server.base}/api/v1/sessions/{replayed}/intercept", headers=headers, json={

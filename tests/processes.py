@@ -87,27 +87,9 @@ def _wait_for_log(path: Path, marker: str, process: subprocess.Popen, timeout: f
 def asgi_server(**env: str):
     """The real ASGI app under uvicorn; yields its base URL."""
     port = free_port()
-    log_path = Path(settings.VAR_DIR) / f"test-asgi-{os.getpid()}.log"
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "undolog_site.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log"],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code in (200, 503):
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the ASGI server did not start; see {log_path}")
-            time.sleep(0.1)
+    with _web_server("asgi", [sys.executable, "-m", "uvicorn", "undolog_site.asgi:application", "--host",
+                              "127.0.0.1", "--port", str(port), "--no-access-log"], port, env) as base:
         yield base
-    finally:
-        _stop(process)
 
 
 @contextmanager
@@ -115,12 +97,18 @@ def wsgi_server(workers: int = 2, **env: str):
     """The WSGI app under gunicorn with several worker processes (the production shape for /api/):
     each has its own caches, so a test can prove that a change reaches every one. Yields its URL."""
     port = free_port()
-    log_path = Path(settings.VAR_DIR) / f"test-wsgi-{os.getpid()}.log"
+    with _web_server("wsgi", [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b",
+                              f"127.0.0.1:{port}", "-w", str(workers), "--log-level", "warning"], port, env) as base:
+        yield base
+
+
+@contextmanager
+def _web_server(kind: str, command: list[str], port: int, env: dict[str, str]):
+    """Start a web server process, wait until /healthz answers, yield its URL, stop it."""
+    log_path = Path(settings.VAR_DIR) / f"test-{kind}-{os.getpid()}.log"
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b", f"127.0.0.1:{port}",
-             "-w", str(workers), "--log-level", "warning"],
-            cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=BASE_DIR, env=child_env(**env), stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -131,7 +119,7 @@ def wsgi_server(workers: int = 2, **env: str):
             except httpx.HTTPError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn did not start; see {log_path}")
+                raise RuntimeError(f"the {kind} server did not start; see {log_path}")
             time.sleep(0.1)
         yield base
     finally:
