@@ -229,6 +229,9 @@ def test_an_agents_commit_shows_on_an_open_session_page_within_a_second_without_
     with agent_http(server, acme) as agent:
         effect = agent.post(f"/api/v1/sessions/{session}/intercept",
                             json={"tool": "send_email", "args": {"to": "a@x.io"}, "step_index": 1}).json()["effect"]
+    # The intercept's own session.updated leaves the server within its coalescing window (100 ms):
+    # let it go out before the page subscribes, or the page rightly re-reads once for it below.
+    time.sleep(0.5)
     page.goto(f"/sessions/{session}/")
     page.wait_for_selector("#timeline .tl-item .state-executing")
     refetches: list[str] = []
