@@ -44,6 +44,37 @@ def _fresh_database() -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+@dataclass
+class BenchOrg:
+    org: object
+    agent: object
+    key: str
+    send: object  # the compensable tool `send_email`, undone by a webhook
+
+
+def bench_org(slug: str, *, all_tiers: bool = False) -> BenchOrg:
+    """A fresh org with an agent, its key, the compensable `send_email` and the one-INSERT
+    baseline's table; with `all_tiers`, an irreversible `delete_account` and a SAFE `list_accounts`."""
+    from django.db import connection
+
+    from effects.models import CompensationFunction, Tool
+    from orgs.models import Agent, AgentKey, Organization
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
+    org = Organization.objects.create(slug=slug, name=slug)
+    agent = Agent.objects.create(org=org, name="bench-agent")
+    _, key = AgentKey.issue(agent)
+    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
+                                             handler="webhook", target="http://127.0.0.1:9/undo")
+    send = Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
+                               compensation_args={"to": "{to}"})
+    if all_tiers:
+        Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="For good")
+        Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
+    return BenchOrg(org, agent, key, send)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

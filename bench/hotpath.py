@@ -22,28 +22,14 @@ from collections.abc import Callable
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_hot")
 
-from bench.common import setup_django
+from bench.common import bench_org, setup_django
 
 
 def prepare():
-    from django.db import connection
     from django.test import Client
 
-    from effects.models import CompensationFunction, Tool
-    from orgs.models import Agent, AgentKey, Organization
-
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
-    org = Organization.objects.create(slug="bench-hot", name="Bench hot path")
-    agent = Agent.objects.create(org=org, name="bench-agent")
-    _, key = AgentKey.issue(agent)
-    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
-                                             handler="webhook", target="http://127.0.0.1:9/undo")
-    Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
-                        compensation_args={"to": "{to}"})
-    Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="Deletes for good")
-    Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
-    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_HOST="127.0.0.1"), agent.name
+    bench = bench_org("bench-hot", all_tiers=True)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {bench.key}", HTTP_HOST="127.0.0.1"), bench.agent.name
 
 
 class Kinds:

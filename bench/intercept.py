@@ -17,26 +17,13 @@ import signal
 import subprocess
 import sys
 
-from bench.common import BASE_DIR, Server, load, peak_rss_mb, setup_django
+from bench.common import BASE_DIR, Server, bench_org, load, peak_rss_mb, setup_django
 
 
 def prepare() -> tuple[str, str]:
     """The bench org, agent, key and tools (fresh each run) and the baseline table."""
-    from django.db import connection
-
-    from effects.models import CompensationFunction, Tool
-    from orgs.models import Agent, AgentKey, Organization
-
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
-    org = Organization.objects.create(slug="bench", name="Bench")
-    agent = Agent.objects.create(org=org, name="bench-agent")
-    _, key = AgentKey.issue(agent)
-    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
-                                             handler="webhook", target="http://127.0.0.1:9/undo")
-    Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
-                        compensation_args={"to": "{to}"})
-    return agent.name, key
+    bench = bench_org("bench")
+    return bench.agent.name, bench.key
 
 
 def pair_op(agent: str):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_tp")
 
-from bench.common import BASE_DIR, Server, setup_django
+from bench.common import BASE_DIR, Server, bench_org, setup_django
 
 _RUNS = itertools.count()  # each wrk run makes new calls: a repeated one would be a replay
 
@@ -69,20 +69,11 @@ def prepare(commits: int, irreversible: int) -> dict:
     from django.db import connection
     from django.utils import timezone
 
-    from effects.models import CompensationFunction, Effect, Session, Tool, UndoEntry
-    from orgs.models import Agent, AgentKey, Organization
+    from effects.models import Effect, Session, UndoEntry
 
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, created timestamptz)")
-    org = Organization.objects.create(slug="bench-tp", name="Bench throughput")
-    agent = Agent.objects.create(org=org, name="bench-agent")
-    _, key = AgentKey.issue(agent)
-    fn = CompensationFunction.objects.create(org=org, fn_name="undo_send_email", fn_version="1.0.0",
-                                             handler="webhook", target="http://127.0.0.1:9/undo")
-    send = Tool.objects.create(org=org, name="send_email", tier="compensable", compensation_fn=fn,
-                               compensation_args={"to": "{to}"})
-    Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="For good")
-    Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
+    bench = bench_org("bench-tp", all_tiers=True)
+    org, agent, key, send = bench.org, bench.agent, bench.key, bench.send
+    fn = send.compensation_fn
     running = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(16))
     held = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(commits // 500 + 1))
     now = timezone.now()

@@ -12,7 +12,6 @@ from budgets.models import (
     RUN_LIMITS,
     TOOL_CAPS,
     BudgetPolicy,
-    DayCounter,
     Limits,
     Usage,
     number,
@@ -54,8 +53,8 @@ def budget_body(agent: Agent, session: Session | None = None, *, latest: bool = 
     }
 
 
-def agent_dict(agent: Agent, today: Usage | DayCounter | None, source: str) -> dict[str, Any]:
-    usage = today.usage() if isinstance(today, DayCounter) else today or Usage()
+def agent_dict(agent: Agent, today: Usage | None, source: str) -> dict[str, Any]:
+    usage = today or Usage()
     return {"name": agent.name, "state": agent.state, "suspend_reason": agent.suspend_reason or None,
             "budget_source": source,
             "today": {"tool_calls": usage.tool_calls, "irreversible_calls": usage.irreversible_calls,

@@ -182,6 +182,15 @@ def rotation_grace() -> timedelta:
     return timedelta(seconds=getattr(settings, "UNDOLOG_KEY_ROTATION_GRACE_S", ROTATION_GRACE.total_seconds()))
 
 
+def _stamp_use(key_id: int, last_used_at: dt.datetime | None) -> dt.datetime | None:
+    """A key's last use, written at most once a minute so the hot path stays a single read."""
+    now = timezone.now()
+    if last_used_at is not None and now - last_used_at <= timedelta(minutes=1):
+        return last_used_at
+    AgentKey.objects.filter(pk=key_id).update(last_used_at=now)
+    return now
+
+
 class AgentKeyQuerySet(models.QuerySet):
     def live(self, now: dt.datetime | None = None) -> AgentKeyQuerySet:
         """Keys that authenticate: not revoked, and not past the end of a rotation's grace period."""
@@ -256,17 +265,10 @@ class AgentKey(models.Model):
     @staticmethod
     def touch_remembered(found: RememberedKey) -> None:
         """`touch()` for a remembered key: the same once-a-minute stamp."""
-        now = timezone.now()
-        if found.last_used_at is None or now - found.last_used_at > timedelta(minutes=1):
-            AgentKey.objects.filter(pk=found.id).update(last_used_at=now)
-            found.last_used_at = now
+        found.last_used_at = _stamp_use(found.id, found.last_used_at)
 
     def touch(self) -> None:
-        # At most one write a minute per key, so the hot path stays a single read.
-        now = timezone.now()
-        if self.last_used_at is None or now - self.last_used_at > timedelta(minutes=1):
-            AgentKey.objects.filter(pk=self.pk).update(last_used_at=now)
-            self.last_used_at = now
+        self.last_used_at = _stamp_use(self.pk, self.last_used_at)
 
     @property
     def state(self) -> str:
