@@ -669,14 +669,36 @@ def _caps_before_switch(org: Organization, agent_ids: list[Any]) -> dict[Any, An
 # ---------------------------------------------------------------- compensation failures
 
 
-def compensation_failures(org: Organization) -> list[UndoEntry]:
-    """Undo entries waiting for a person, newest first, with their attempts. Two queries."""
-    entries = list(UndoEntry.objects.filter(session__org=org, state=UndoEntry.State.COMPENSATION_FAILED)
-                   .select_related("session__agent", "effect").prefetch_related("attempt_log")
-                   .order_by("-updated")[:200])
+FAILURES_PAGE = 50
+
+
+@dataclass
+class FailureListing:
+    entries: list[UndoEntry]
+    next_query: str | None
+    paged: bool  # an older page: the live refresh must keep the cursor
+
+
+def compensation_failures(org: Organization, params: QueryDict | None = None) -> FailureListing:
+    """Undo entries waiting for a person, longest-waiting last (newest first), 50 a page by keyset
+    (`before` = the last row's updated|id), with their attempts. Two queries."""
+    before = _cursor((params or {}).get("before", "").strip())
+    rows = UndoEntry.objects.filter(session__org=org, state=UndoEntry.State.COMPENSATION_FAILED)
+    if before:
+        rows = rows.filter(Q(updated__lt=before[0]) | Q(updated=before[0], id__lt=before[1]))
+    entries = list(rows.select_related("session__agent", "effect").prefetch_related("attempt_log")
+                   .order_by("-updated", "-id")[: FAILURES_PAGE + 1])
+    next_query = None
+    if len(entries) > FAILURES_PAGE:
+        entries = entries[:FAILURES_PAGE]
+        last = entries[-1]
+        query = params.copy() if params is not None else QueryDict(mutable=True)
+        query.pop("part", None)
+        query["before"] = f"{last.updated.isoformat()}|{last.id}"
+        next_query = query.urlencode()
     for entry in entries:
         entry.args_json = _json(entry.args)
-    return entries
+    return FailureListing(entries=entries, next_query=next_query, paged=before is not None)
 
 
 # ---------------------------------------------------------------- settings

@@ -135,7 +135,7 @@ def agents(request: HttpRequest, membership: Membership) -> HttpResponse:
 @member_page
 def compensation_failures(request: HttpRequest, membership: Membership) -> HttpResponse:
     return page(request, membership, "approvals/failures.html",
-                {"entries": dashboard.compensation_failures(membership.org)},
+                {"listing": dashboard.compensation_failures(membership.org, request.GET)},
                 partial="approvals/_failures_live.html")
 
 

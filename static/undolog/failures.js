@@ -3,7 +3,10 @@
   "use strict";
   var UL = window.UL;
   var holder = document.getElementById("failures-live");
-  var refresh = UL.refresher(holder);
+  // An older page keeps its cursor when it refreshes itself.
+  var query = new URLSearchParams(location.search);
+  query.set("part", "live");
+  var refresh = UL.refresher(holder, location.pathname + "?" + query.toString());
 
   UL.on("compensation.failed", refresh);
   // A retry or a resolution elsewhere (another reviewer, the API) takes a row off the list.

@@ -165,3 +165,41 @@ def test_it_filters_by_a_risk_tag_with_accents(acme, tools):
     hold(acme)
 
     assert ids(page_client(acme).get("/?tag=données")) == {wire}
+
+
+def test_compensation_failures_page_by_keyset_each_once_newest_first(acme, tools, monkeypatch):
+    monkeypatch.setattr(dashboard, "FAILURES_PAGE", 2)
+    session = open_session(acme)
+    for step in range(1, 6):
+        intercept(acme, session, "send_email", {"to": f"{step}@example.com"}, step)
+    UndoEntry.objects.filter(session_id=session).update(state=UndoEntry.State.COMPENSATION_FAILED,
+                                                        updated=timezone.now())  # one moment: id breaks ties
+    client = page_client(acme)
+
+    seen, url, pages = [], "/compensation-failures/", 0
+    while url:
+        html = client.get(url).content.decode()
+        seen += re.findall(r'<tr class="failure-row" data-entry="([0-9a-f-]+)"', html)
+        found = re.search(r'id="next-page" href="([^"]+)"', html)
+        url = "/compensation-failures/" + found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+    live = client.get("/compensation-failures/?" + re.search(r'id="next-page" href="\?([^"]+)"', client.get(
+        "/compensation-failures/").content.decode()).group(1).replace("&amp;", "&") + "&part=live").content.decode()
+
+    newest_first = [str(pk) for pk in UndoEntry.objects.filter(session_id=session)
+                    .order_by("-updated", "-id").values_list("id", flat=True)]
+    assert seen == newest_first and pages == 3
+    # the live refresh of an older page keeps its cursor: rows 3-4, and a link back to the newest
+    assert re.findall(r'data-entry="([0-9a-f-]+)"', live) == newest_first[2:4]
+    assert "← Newest" in live
+
+
+def test_a_malformed_failures_cursor_shows_the_first_page(acme, tools):
+    session = open_session(acme)
+    intercept(acme, session, "send_email", {"to": "a@example.com"}, 1)
+    UndoEntry.objects.filter(session_id=session).update(state=UndoEntry.State.COMPENSATION_FAILED)
+
+    response = page_client(acme).get("/compensation-failures/?before=yesterday|nope")
+
+    assert response.status_code == 200
+    assert len(re.findall(r'class="failure-row"', response.content.decode())) == 1
