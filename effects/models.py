@@ -456,11 +456,16 @@ class Effect(models.Model):
     STARTED = frozenset({State.EXECUTING, State.COMMITTED, State.FAILED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
+    # No index: effects are read by id or by session; only deleting an org (rare) scans them by org.
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False,
+                            db_index=False)
     # No index of its own: the unique (session, call_signature) below serves every lookup by session.
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="effects", editable=False,
                                 db_index=False)
-    tool = models.ForeignKey(Tool, null=True, on_delete=models.SET_NULL, related_name="effects", editable=False)
+    # No index: only deleting a tool (rare, by hand) looks effects up by it, and every intercept would
+    # pay for one.
+    tool = models.ForeignKey(Tool, null=True, on_delete=models.SET_NULL, related_name="effects", editable=False,
+                             db_index=False)
     tool_name = models.CharField(max_length=200, editable=False)
     tier = models.CharField(max_length=16, choices=Tier.choices, editable=False)
     step_index = models.PositiveIntegerField(editable=False)
@@ -484,9 +489,9 @@ class Effect(models.Model):
             # Exactly-once rests on this, not on a SELECT first.
             models.UniqueConstraint(fields=["session", "call_signature"], name="one_effect_per_signature"),
         ]
-        # A plain index, not `db_index=True`: on PostgreSQL that adds a second, LIKE-only index
-        # that no query uses and every intercept pays for.
-        indexes = [models.Index(fields=["state"], name="effect_state")]
+        # No index on state: no query looks effects up by it across sessions, and without one a
+        # commit (which changes only state, result and updated) is a HOT update on PostgreSQL that
+        # writes no index entry at all.
         ordering = ["step_index", "created"]
 
     def __str__(self) -> str:
@@ -634,7 +639,7 @@ class UndoEntry(models.Model):
     effect = models.OneToOneField(Effect, on_delete=models.CASCADE, related_name="undo_entry", editable=False)
     step_index = models.PositiveIntegerField(editable=False)
     fn = models.ForeignKey(CompensationFunction, on_delete=models.RESTRICT, related_name="undo_entries",
-                           editable=False)
+                           editable=False, db_index=False)  # only a (rare) delete of a function reads it
     fn_name = models.CharField(max_length=100, editable=False)
     fn_version = models.CharField(max_length=64, editable=False)
     args = models.JSONField(default=dict, editable=False)
@@ -647,10 +652,10 @@ class UndoEntry(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     round_start = models.PositiveSmallIntegerField(
         default=0, help_text="Attempts made before the last retry by hand.")
-    next_attempt_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)  # indexed in Meta, where set
     claimed_at = models.DateTimeField(null=True, blank=True)
     lease_until = models.DateTimeField(
-        null=True, blank=True, db_index=True,
+        null=True, blank=True,  # indexed in Meta, where set
         help_text="A running claim not finished by then is stalled (its worker died); the sweep takes over.")
     claim_deadline = models.DateTimeField(
         null=True, blank=True,
@@ -674,7 +679,12 @@ class UndoEntry(models.Model):
         # would make it step over every entry already compensated (quadratic in the stack's size).
         indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_open_lifo",
                                 condition=models.Q(state__in=["pending", "running", "compensation_failed"])),
-                   models.Index(fields=["state"], name="undo_entry_state")]  # no LIKE index (see Effect)
+                   models.Index(fields=["state"], name="undo_entry_state"),  # no LIKE-only index
+                   # Only where set: a new entry has neither, so the intercept writes no entry to them.
+                   models.Index(fields=["next_attempt_at"], name="undo_entry_due",
+                                condition=models.Q(next_attempt_at__isnull=False)),
+                   models.Index(fields=["lease_until"], name="undo_entry_leased",
+                                condition=models.Q(lease_until__isnull=False))]
 
     def __str__(self) -> str:
         return f"undo {self.fn_name}@{self.fn_version} for step {self.step_index} ({self.state})"
