@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cel
+from django.core.exceptions import ValidationError
 from django.db import connection, models, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -141,7 +142,13 @@ class Rule(models.Model):
                 "updated": self.updated.isoformat(), "updated_by": self.updated_by or None}
 
     def clean(self) -> None:
-        compile_condition(self.condition)
+        """The admin's check: the same compile as the API's, as a form error on the field."""
+        try:
+            compile_condition(self.condition)
+        except ConditionError as exc:
+            raise ValidationError({"condition": exc.extra["fields"]["condition"]}) from None
+        if self.agent_id and self.org_id and self.agent.org_id != self.org_id:
+            raise ValidationError({"agent": "The agent belongs to another organization."})
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         with transaction.atomic():

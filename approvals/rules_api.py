@@ -30,7 +30,7 @@ from undolog_site.validation import StrictSerializer, StringField, validated
 class RuleSerializer(StrictSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9_-]{1,64}$", error_messages={
         "invalid": "Letters, digits, - and _ only, at most 64 characters (it shows as rule:<name>)."})
-    condition = StringField(max_length=MAX_CONDITION)
+    condition = StringField(max_length=MAX_CONDITION, trim_whitespace=False)  # positions point into it as sent
     outcome = serializers.ChoiceField(choices=Rule.Outcome.choices)
     approvals_required = serializers.IntegerField(min_value=1, max_value=MAX_APPROVERS, required=False, default=1)
     message = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
@@ -41,7 +41,7 @@ class RuleSerializer(StrictSerializer):
 
 
 class TrialSerializer(StrictSerializer):
-    condition = StringField(max_length=MAX_CONDITION)
+    condition = StringField(max_length=MAX_CONDITION, trim_whitespace=False)  # positions point into it as sent
     outcome = serializers.ChoiceField(choices=Rule.Outcome.choices, required=False, default=Rule.Outcome.APPROVE)
     days = serializers.IntegerField(min_value=1, max_value=90, required=False, default=7)
     agent = StringField(max_length=100, required=False, allow_null=True, default=None)
