@@ -60,7 +60,7 @@ def test_every_rule_edit_bumps_the_orgs_config_version(acme):
 @pytest.mark.parametrize("condition, line, column", [
     ('tool.name == "refund" && args.amount <=', 1, 40),
     ("args.amount > 5 &&& true", 1, 19),
-    ('tool.name == "refund" &&\n  (args.amount > ', 2, 17),
+    ('tool.name == "refund" &&\n  (args.amount > ', 2, 18),  # as sent: the trailing space counts
     ("secrets.token == 1", 1, 1),
 ])
 def test_a_condition_that_does_not_compile_is_a_400_naming_its_position(acme, condition, line, column):
