@@ -38,6 +38,8 @@ MAX_APPROVERS = 10
 # The names a condition may read (see `activation`); anything else is a 400 at save time.
 VARIABLES = frozenset({"args", "tool", "agent", "run", "day", "now"})
 _POSITION = re.compile(r"<input>:(\d+):(\d+): (.*?)(?:\n|$)")
+# The variable a macro binds (`args.items.exists(x, x > 5)`): the compiler lists it with the free names.
+_BINDER = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
 class ConditionError(Invalid):
@@ -64,7 +66,7 @@ def compile_condition(source: str) -> Any:
         if found is None:
             raise ConditionError(str(exc).splitlines()[0][:300]) from None
         raise ConditionError(found.group(3).strip()[:300], int(found.group(1)), int(found.group(2))) from None
-    unknown = sorted(set(program.variables()) - VARIABLES)
+    unknown = sorted(set(program.variables()) - VARIABLES - set(_BINDER.findall(source)))
     if unknown:
         raise ConditionError(f"unknown name {unknown[0]!r}: a condition reads {', '.join(sorted(VARIABLES))}",
                              *_where(source, unknown[0]))

@@ -217,3 +217,14 @@ def test_a_run_a_rule_approved_replays_as_approved(acme, run):
     assert again["decision"] == "replay"
     assert again["effect"]["id"] == first["effect"]["id"]
     assert again["approval"]["decided_by"] == "rule:small"
+
+
+def test_a_condition_may_use_macros_over_the_args(acme, run):
+    add_rule(acme, name="no-gift-cards", outcome="deny", message="gift cards are not refunded",
+             condition='has(args.items) && args.items.exists(i, i.sku == "gift-card")')
+
+    denied = intercept(acme, run, "refund", {"amount": 5, "items": [{"sku": "mug"}, {"sku": "gift-card"}]}, 1)
+    left = intercept(acme, run, "refund", {"amount": 5, "items": [{"sku": "mug"}]}, 2)
+
+    assert denied.json()["rule"] == "no-gift-cards"
+    assert left.json()["effect"]["state"] == "pending"
