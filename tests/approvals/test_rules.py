@@ -228,3 +228,15 @@ def test_a_condition_may_use_macros_over_the_args(acme, run):
 
     assert denied.json()["rule"] == "no-gift-cards"
     assert left.json()["effect"]["state"] == "pending"
+
+
+def test_a_condition_reads_the_days_usage(acme, tools):
+    register(acme, irreversible("refund"))
+    add_rule(acme, name="after-two-today", condition="day.irreversible_calls >= 2")
+
+    first = refund(acme, open_session(acme), 10)
+    second = refund(acme, open_session(acme), 10)
+
+    # The day's usage includes the call being decided (it is in the log by then).
+    assert first.json()["effect"]["state"] == "pending"
+    assert second.json()["effect"]["state"] == "approved"
