@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from approvals.models import ApprovalRequest, DeliveryAttempt, OrgWebhook, WebhookDelivery
+from approvals.models import ApprovalRequest, DeliveryAttempt, OrgWebhook, Rule, RuleChange, WebhookDelivery
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -45,3 +45,36 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     search_fields = ["url", "id", "last_error"]
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
     inlines = [DeliveryAttemptInline]
+
+
+@admin.register(Rule)
+class RuleAdmin(admin.ModelAdmin):
+    """Rules edited here are audited like the API's edits (a RuleChange and a rule.changed event)."""
+
+    list_display = ["name", "org", "position", "outcome", "mode", "approvals_required", "agent", "tool", "updated"]
+    list_filter = ["outcome", "mode", "org"]
+    search_fields = ["name", "condition", "org__slug"]
+    ordering = ["org", "position"]
+    readonly_fields = ["updated", "updated_by"]
+
+    def save_model(self, request, obj: Rule, form, change: bool) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        if change:
+            stored = Rule.objects.get(pk=obj.pk)
+            stored.change({name: getattr(obj, name) for name in form.changed_data if name in Rule.FIELDS}, actor)
+        else:
+            obj.pk = Rule.add(obj.org, {name: getattr(obj, name) for name in Rule.FIELDS}, actor).pk
+
+    def delete_model(self, request, obj: Rule) -> None:
+        obj.remove(f"admin:{request.user.get_username()}")
+
+    def delete_queryset(self, request, queryset) -> None:
+        for rule in queryset:
+            rule.remove(f"admin:{request.user.get_username()}")
+
+
+@admin.register(RuleChange)
+class RuleChangeAdmin(ReadOnlyAdmin):
+    list_display = ["created", "org", "rule_name", "action", "actor", "changes"]
+    list_filter = ["action", "org"]
+    search_fields = ["rule_name", "actor"]

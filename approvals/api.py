@@ -87,9 +87,11 @@ def _seconds_left(approval: ApprovalRequest) -> int | None:
     return max(0, int((approval.timeout_at - timezone.now()).total_seconds()))
 
 
-DECISION_ERRORS = errors(404, 409, codes={
+DECISION_ERRORS = errors(403, 404, 409, codes={
+    403: ["run_starter_cannot_approve"],
     404: ["approval_not_found"],
-    409: ["already_decided", "deadline_passed", "args_digest_mismatch", "session_not_awaiting_approval"]})
+    409: ["already_decided", "deadline_passed", "args_digest_mismatch", "session_not_awaiting_approval",
+          "already_approved_by_you"]})
 
 
 class ApprovalViewSet(OrgScopedViewSet):
@@ -194,6 +196,14 @@ class OrgSettingsSerializer(StrictSerializer):
     context_window = serializers.IntegerField(min_value=0, max_value=100, required=False)
     email_notifications = serializers.BooleanField(required=False)
     time_zone = serializers.CharField(max_length=64, required=False, validators=[time_zone])
+    # Quorum by risk tag: {"payments": 2} — a call whose tool carries the tag needs two approvers.
+    approvals_by_risk_tag = serializers.DictField(child=serializers.IntegerField(min_value=1, max_value=10),
+                                                  required=False)
+
+    def validate_approvals_by_risk_tag(self, value: dict[str, int]) -> dict[str, int]:
+        if len(value) > 50 or any(not tag or len(tag) > 50 for tag in value):
+            raise serializers.ValidationError("At most 50 risk tags of at most 50 characters each.")
+        return value
 
 
 SETTINGS_FIELDS = list(OrgSettingsSerializer._declared_fields)

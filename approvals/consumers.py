@@ -93,6 +93,15 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def approval_extended(self, message: dict) -> None:
         await self.forward(message)
 
+    async def approval_counted(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def rule_changed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def rule_observed(self, message: dict) -> None:
+        await self.forward(message)
+
     async def compensation_failed(self, message: dict) -> None:
         await self.forward(message)
 

@@ -120,7 +120,8 @@ def incident(org: Organization) -> dict[str, Any] | None:
 QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
-             '<td class="tool"><a class="row-link" href="{url}">{tool}</a></td>'
+             '<td class="tool"><a class="row-link" href="{url}">{tool}</a> '
+             '<small class="quorum" title="distinct approvers so far"{quorum_hidden}>{quorum}</small></td>'
              '<td class="agent" data-label="agent">{agent}</td><td class="tags">{tags}</td>'
              '<td class="impact">{impact}</td><td class="reasoning">{reasoning}</td></tr>')
 HIDDEN = mark_safe(" hidden")
@@ -128,7 +129,7 @@ HIDDEN = mark_safe(" hidden")
 
 def empty_queue_row() -> SafeString:
     return mark_safe(QUEUE_ROW.format(id="", deadline="", left="", auto=HIDDEN, url="", tool="", agent="", tags="",
-                                      impact="", reasoning=""))
+                                      impact="", reasoning="", quorum="", quorum_hidden=HIDDEN))
 
 
 @dataclass
@@ -144,6 +145,13 @@ class QueueRow:
     timeout_at: dt.datetime
     reasoning: str
     auto_approve_on_timeout: bool
+    approvals: int = 0
+    approvals_required: int = 1
+
+    @property
+    def quorum(self) -> str:
+        """"1 of 2" while a request needs several approvers (empty when one will do)."""
+        return f"{self.approvals} of {self.approvals_required}" if self.approvals_required > 1 else ""
 
     @property
     def url(self) -> str:
@@ -172,7 +180,8 @@ class QueueRow:
             id=escape(self.id), deadline=escape(self.deadline_iso), left=escape(self.time_left),
             auto="" if self.auto_approve_on_timeout else HIDDEN, url=escape(self.url), tool=escape(self.tool),
             agent=escape(self.agent), tags=tags, impact=escape(self.estimated_impact),
-            reasoning=escape(self.reasoning)))
+            reasoning=escape(self.reasoning), quorum=escape(self.quorum),
+            quorum_hidden="" if self.quorum else HIDDEN))
 
 
 def first_line(text: str | None, limit: int = 200) -> str:
@@ -195,11 +204,13 @@ def pending_queue(org: Organization, limit: int = QUEUE_LIMIT, *, filters: dict[
             .annotate(reasoning_head=Substr("effect__reasoning", 1, 400),
                       deadline=Cast("timeout_at", output_field=TextField()))
             .values_list("id", "tool_name", "session_id", "session__agent__name", "risk_tags", "estimated_impact",
-                         "deadline", "reasoning_head", "auto_approve_on_timeout")[:limit])
+                         "deadline", "reasoning_head", "auto_approve_on_timeout", "approvals",
+                         "approvals_required")[:limit])
     return [QueueRow(id=str(pk), tool=tool, agent=agent, session=str(session),
                      risk_tags=[(tag, risk_class(tag)) for tag in tags or []], estimated_impact=impact,
-                     timeout_at=_moment(deadline), reasoning=first_line(reasoning), auto_approve_on_timeout=auto)
-            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto in rows]
+                     timeout_at=_moment(deadline), reasoning=first_line(reasoning), auto_approve_on_timeout=auto,
+                     approvals=len(approvals or []), approvals_required=required)
+            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto, approvals, required in rows]
 
 
 # Filters of the queue. Age is how long a request has waited ("older than").

@@ -12,5 +12,6 @@ urlpatterns = [
     path("sessions/<uuid:pk>/", views.session_detail, name="session"),
     path("agents/", views.agents, name="agents"),
     path("compensation-failures/", views.compensation_failures, name="compensation-failures"),
+    path("rules/", views.rules, name="rules"),
     path("settings/", views.org_settings, name="org-settings-page"),
 ]

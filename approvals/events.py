@@ -28,7 +28,8 @@ from orgs.models import Event
 __all__ = ["MAX_SESSION_CHANGES", "EventPayload", "Message", "SessionChange", "SessionUpdatedPayload",
            "SessionUpdates", "group_name", "publish", "session_changed", "session_updates", "settings"]
 
-APPROVAL_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired", "approval.extended"})
+APPROVAL_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired", "approval.extended",
+                            "approval.counted"})
 
 
 class CallInContext(TypedDict):
@@ -49,6 +50,19 @@ class ReasoningStep(TypedDict):
 class AgentContext(TypedDict):
     calls: list[CallInContext]
     reasoning: list[ReasoningStep]
+
+
+class ApprovalByDict(TypedDict):
+    by: str
+    at: str
+
+
+class RuleObservationDict(TypedDict):
+    """An observe-mode rule that matched: what it would have decided."""
+
+    rule: str
+    outcome: str
+    approvals_required: int
 
 
 class ApprovalPayload(TypedDict):
@@ -76,6 +90,11 @@ class ApprovalPayload(TypedDict):
     decided_at: str | None
     decision_reason: str | None
     rollback: bool
+    approvals_required: int
+    approvals: list[ApprovalByDict]
+    quorum: str
+    rule: str | None
+    rule_observations: list[RuleObservationDict]
 
 
 class ApprovalEventPayload(EventPayload):
@@ -98,6 +117,8 @@ def approval_payload(approval) -> ApprovalPayload:
         created=approval.created.isoformat(), decided_by=approval.decided_by_label or None,
         decided_at=approval.decided_at.isoformat() if approval.decided_at else None,
         decision_reason=approval.decision_reason or None, rollback=approval.rollback,
+        approvals_required=approval.approvals_required, approvals=approval.approvals, quorum=approval.quorum,
+        rule=approval.rule or None, rule_observations=approval.rule_observations,
     )
 
 
@@ -137,6 +158,9 @@ def describe(payload: EventPayload) -> str:
             return f"{approval['decided_by']} {approval['decision']} {agent}'s call to {tool}{why}."
         if kind == "approval.expired":
             return f"{agent}'s call to {tool} expired without a decision; the run was halted."
+        if kind == "approval.counted":
+            return (f"{data.get('by')} approved {agent}'s call to {tool} ({approval['quorum']}); "
+                    "another reviewer must approve it too.")
         if kind == "approval.extended":
             return f"{data.get('extended_by')} extended the deadline for {agent}'s call to {tool}."
     if kind == "compensation.failed":

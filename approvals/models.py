@@ -14,13 +14,15 @@ from django.db import models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from approvals.rules import Rule, RuleChange  # noqa: F401 (models of this app, kept in their own module)
 from budgets.models import Refusal
 from core import retry
 from effects.models import Effect, Session, Tool, render_text
 from orgs.models import Event, Organization
-from undolog_site.errors import Conflict, Invalid
+from undolog_site.errors import Conflict, Forbidden, Invalid
 
 TIMEOUT_LABEL = "timeout"
+RULE_PREFIX = "rule:"
 MAX_EXTEND_MINUTES = 7 * 24 * 60
 
 
@@ -57,6 +59,8 @@ class ApprovalRequestQuerySet(models.QuerySet):
             day[state] += 1
             if label == TIMEOUT_LABEL:
                 count["auto_approved"] += state == ApprovalRequest.State.APPROVED
+            elif label.startswith(RULE_PREFIX):
+                count["by_rule"] += 1  # decided at the intercept: no person waited, no time to decide
             else:
                 waits.append((decided_at - created).total_seconds())
                 day["waits"].append(waits[-1])
@@ -69,6 +73,7 @@ class ApprovalRequestQuerySet(models.QuerySet):
             "decided": decided,
             "approved": count["approved"],
             "auto_approved": count["auto_approved"],
+            "decided_by_rule": count["by_rule"],
             "rejected": count["rejected"],
             "expired": count["expired"],
             "approval_rate": round(count["approved"] / decided, 4) if decided else None,
@@ -128,6 +133,12 @@ class ApprovalRequest(models.Model):
     decided_args_digest = models.CharField(max_length=64, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     rollback = models.BooleanField(default=False, help_text="Rejected and the session rolled back.")
+    # Quorum: pending until this many distinct reviewers approved; each approval is {"by", "at"}.
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approvals = models.JSONField(default=list, blank=True)
+    rule = models.CharField(max_length=100, blank=True, help_text="The rule that decided or required this.")
+    rule_observations = models.JSONField(default=list, blank=True,
+                                         help_text="What observe-mode rules would have decided.")
     created = models.DateTimeField(default=timezone.now)
 
     objects = ApprovalRequestQuerySet.as_manager()
@@ -141,12 +152,15 @@ class ApprovalRequest(models.Model):
         return f"approval of {self.tool_name} ({self.state})"
 
     @classmethod
-    def open_for(cls, effect: Effect, tool: Tool, session: Session, context: dict[str, Any]) -> ApprovalRequest:
+    def open_for(cls, effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
+                 approvals_required: int = 1, rule: str = "",
+                 observations: list[dict[str, Any]] | None = None) -> ApprovalRequest:
         """Create the request in the intercept transaction (deadline: tool, else org)."""
         org = session.org
         timeout_s = tool.approval_timeout_s or org.approval_timeout_s
         auto = tool.auto_approve_on_timeout
         return cls.objects.create(
+            approvals_required=approvals_required, rule=rule, rule_observations=observations or [],
             org=org, effect=effect, session=session, tool_name=tool.name,
             reason=tool.approval_reason, risk_tags=tool.risk_tags,
             estimated_impact=render_text(tool.estimated_impact, effect.args),
@@ -164,6 +178,11 @@ class ApprovalRequest(models.Model):
 
     def summary(self) -> dict[str, Any]:
         return {"id": str(self.id), "state": self.state, "timeout_at": self.timeout_at.isoformat()}
+
+    @property
+    def quorum(self) -> str:
+        """"1 of 2": how far a request that needs several reviewers has come."""
+        return f"{len(self.approvals)} of {self.approvals_required}"
 
     def outcome(self) -> dict[str, Any]:
         """The decision as the waiting caller sees it: `{"decision": "rejected", "reason": ...}`."""
@@ -198,28 +217,36 @@ class ApprovalRequest(models.Model):
     def event_data(self) -> dict[str, Any]:
         return {"approval": self.summary(), "tool": self.tool_name, "effect": str(self.effect_id),
                 "decision": self.decision, "decided_by": self.decided_by_label or None,
-                "reason": self.decision_reason or None, "rollback": self.rollback}
+                "reason": self.decision_reason or None, "rollback": self.rollback,
+                "approvals": self.approvals, "approvals_required": self.approvals_required}
 
     # ------------------------------------------------------------ decisions
 
-    def approve(self, by=None, reason: str = "", args_digest: str | None = None) -> None:
-        """Approve the exact args shown (by=None: the deadline passed with auto-approve on).
+    def approve(self, by=None, reason: str = "", args_digest: str | None = None, *, rule: str = "") -> None:
+        """Approve the exact args shown (by=None: the deadline passed with auto-approve on, or
+        `rule`: an approval rule matched at the intercept).
 
         1. An approval is bound to args: a digest that is not the request's is 409.
-        2. Guarded UPDATE pending → approved (the first decision wins).
-        3. Effect pending → approved; session awaiting_approval → running.
-        4. A tool with an executor gets its call queued as a delivery row (the worker runs it).
-        5. `approval.decided` is recorded; fan-out happens after commit.
+        2. A person: not the one who started the run (403), and, with a quorum, counted once;
+           the request stays pending until `approvals_required` distinct people approved.
+        3. Guarded UPDATE pending → approved (the first decision wins).
+        4. Effect pending → approved; session awaiting_approval → running.
+        5. A tool with an executor gets its call queued as a delivery row (the worker runs it).
+        6. `approval.decided` is recorded; fan-out happens after commit.
         """
         if args_digest not in (None, "", self.args_digest):
             raise Conflict("The args changed since you looked: the digest you approved is not this "
                            "request's. Reload the request and decide again.",
                            code="args_digest_mismatch", args_digest=self.args_digest)
-        label = _label(by)
+        label = f"{RULE_PREFIX}{rule}" if rule else _label(by)
+        person = by is not None
         with transaction.atomic():
+            approvals = self._count_approval(by, reason) if person else self.approvals
+            if approvals is None:
+                return  # counted; more reviewers must approve
             # A person approves before the deadline; after it, only the deadline decides.
-            self._decide(self.State.APPROVED, by, label, reason, due_only=by is None,
-                         before_deadline=by is not None, decided_args_digest=self.args_digest)
+            self._decide(self.State.APPROVED, by, label, reason, due_only=not person and not rule,
+                         before_deadline=person, decided_args_digest=self.args_digest, approvals=approvals)
             effect, session = self._effect_and_session()
             effect.approve(actor=label, reason=reason)
             if not _release(session, session.resume_running, label, reason or "approved"):
@@ -231,6 +258,44 @@ class ApprovalRequest(models.Model):
                 WebhookDelivery.for_executor(effect, self)
             Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
                          **self.event_data())
+
+    def _count_approval(self, by, reason: str) -> list[dict[str, str]] | None:
+        """Quorum: one person's approval. The approvals so far with theirs added when that makes
+        the quorum (the caller then decides), else None (recorded; still pending).
+
+        The person who started the run may not approve its calls (403 run_starter_cannot_approve),
+        and nobody counts twice (409 already_approved_by_you)."""
+        self._refuse_run_starter(by)
+        entry = {"by": by.get_username(), "at": timezone.now().isoformat()}
+        if self.approvals_required <= 1:
+            return [entry]
+        # FOR UPDATE: two reviewers approving at once must both be counted (each appends to the
+        # list the other wrote) and exactly one of them makes the quorum and decides.
+        row = ApprovalRequest.objects.select_for_update().get(pk=self.pk)
+        if row.state != self.State.PENDING:
+            raise _already_decided(row.state)
+        if row.timeout_at <= timezone.now():
+            raise _deadline_passed(row.timeout_at)
+        if any(a["by"] == entry["by"] for a in row.approvals):
+            raise Conflict(f"You already approved this request ({len(row.approvals)} of "
+                           f"{row.approvals_required}); another reviewer must approve it too.",
+                           code="already_approved_by_you", approvals=row.approvals,
+                           approvals_required=row.approvals_required)
+        approvals = [*row.approvals, entry]
+        if len(approvals) >= row.approvals_required:
+            return approvals
+        ApprovalRequest.objects.filter(pk=self.pk).update(approvals=approvals)
+        self.approvals = approvals
+        Event.record(self.org, "approval.counted", agent=self.session.agent, session_id=self.session_id,
+                     approval=self.summary(), tool=self.tool_name, effect=str(self.effect_id), by=entry["by"],
+                     reason=reason or None, approvals=approvals, approvals_required=self.approvals_required)
+        return None
+
+    def _refuse_run_starter(self, by) -> None:
+        started_by = (self.session.started_by or "").strip().lower()
+        if started_by and started_by in {by.get_username().lower(), (by.email or "").lower()}:
+            raise Forbidden(f"You started this run ({self.session.started_by}); another reviewer must approve "
+                            "its calls.", code="run_starter_cannot_approve")
 
     def reject(self, by, reason: str, rollback: bool = False) -> None:
         """Reject with a reason: effect rejected, session halted (or failed, so its undo stack
@@ -363,7 +428,8 @@ def _release(session: Session, verb, actor: str, reason: str) -> bool:
 # ---------------------------------------------------------------- notifications
 
 EVENT_KINDS = [
-    "approval.requested", "approval.decided", "approval.expired", "approval.extended",
+    "approval.requested", "approval.decided", "approval.expired", "approval.extended", "approval.counted",
+    "rule.changed", "rule.observed",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
     "incident.changed", "session.updated",
 ]

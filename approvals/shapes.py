@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from approvals.events import AgentContext
+from approvals.events import AgentContext, ApprovalByDict, RuleObservationDict
 from effects.shapes import TransitionDict
 
 
@@ -34,6 +34,11 @@ class ApprovalItemDict(TypedDict):
     decided_at: str | None
     decision_reason: str | None
     rollback: bool
+    approvals_required: int
+    approvals: list[ApprovalByDict]
+    quorum: str
+    rule: str | None
+    rule_observations: list[RuleObservationDict]
     reasoning: str
     seconds_left: int | None
 
@@ -75,6 +80,7 @@ class ApprovalStatsDict(TypedDict):
     decided: int
     approved: int
     auto_approved: int
+    decided_by_rule: int
     rejected: int
     expired: int
     approval_rate: float | None
@@ -92,6 +98,7 @@ class OrgSettingsDict(TypedDict):
     context_window: int
     email_notifications: bool
     time_zone: str
+    approvals_by_risk_tag: dict[str, int]
 
 
 class WebhookDict(TypedDict):
@@ -144,3 +151,84 @@ class WebhookDetailDict(WebhookDict):
 
 class WebhookListDict(TypedDict):
     webhooks: list[WebhookDict]
+
+
+# ---------------------------------------------------------------- rules
+
+
+class RuleDict(TypedDict):
+    """An approval rule: a CEL condition and what happens to a call it matches."""
+
+    id: str
+    name: str
+    position: int
+    condition: str
+    outcome: str
+    approvals_required: int
+    message: str
+    mode: str
+    agent: str | None
+    tool: str | None
+    created: str
+    updated: str
+    updated_by: str | None
+
+
+class RuleChangeDict(TypedDict):
+    """One audited edit: who, when, and each setting from → to."""
+
+    rule: str
+    name: str
+    action: str
+    by: str
+    changes: dict[str, list[Any]]
+    at: str
+
+
+class RuleDetailDict(RuleDict):
+    changes: list[RuleChangeDict]
+
+
+class RuleListDict(TypedDict):
+    rules: list[RuleDict]
+
+
+class TrialCountsDict(TypedDict):
+    requests: int
+    matched: int
+    errors: int
+    approved: int
+    denied: int
+    left_to_people: int
+    approved_but_people_rejected: int
+    denied_but_people_approved: int
+
+
+class TrialExampleDict(TypedDict):
+    approval: str
+    tool: str
+    agent: str
+    args: dict[str, Any]
+    created: str
+    matched: bool
+    state: str
+    decided_by: str | None
+
+
+class TrialExamplesDict(TypedDict):
+    approved: list[TrialExampleDict]
+    denied: list[TrialExampleDict]
+    left_to_people: list[TrialExampleDict]
+
+
+class RuleTrialDict(TypedDict):
+    """What a rule would have done to the last N days of real approval requests."""
+
+    condition: str
+    outcome: str
+    days: int
+    since: str
+    truncated: bool
+    counts: TrialCountsDict
+    examples: TrialExamplesDict
+    note: str

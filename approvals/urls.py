@@ -3,11 +3,12 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from approvals import api
+from approvals import api, rules_api
 
 router = SimpleRouter(trailing_slash=False)
 router.register("approvals", api.ApprovalViewSet, basename="approval")
 router.register("webhooks", api.WebhookViewSet, basename="webhook")
+router.register("rules", rules_api.RuleViewSet, basename="rule")
 
 urlpatterns = [
     path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),

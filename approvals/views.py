@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
-from approvals import charts, dashboard
+from approvals import charts, dashboard, rules_page
 from orgs.auth import resolve_membership
 from orgs.models import Membership
 
@@ -145,3 +145,9 @@ def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
     is_admin = membership.has_role(Membership.Role.ADMIN)
     return page(request, membership, "approvals/settings.html",
                 dashboard.settings_context(membership.org, with_webhooks=is_admin))
+
+
+@require_GET
+@member_page
+def rules(request: HttpRequest, membership: Membership) -> HttpResponse:
+    return page(request, membership, "approvals/rules.html", rules_page.rules_context(membership.org))

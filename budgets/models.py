@@ -313,6 +313,7 @@ class Refusal(models.Model):
         BUDGET = "budget"
         APPROVAL = "approval"
         POLICY = "policy"
+        RULE = "rule"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="refusals", editable=False)

@@ -128,6 +128,7 @@ class ApprovalMetaSerializer(StrictSerializer):
     timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True,
                                          default=None)
     auto_approve_on_timeout = serializers.BooleanField(required=False, allow_null=True, default=None)
+    approvals_required = serializers.IntegerField(min_value=1, max_value=10, required=False, default=1)
 
 
 class ExecutorSerializer(StrictSerializer):
@@ -204,7 +205,8 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
     if tool.tier == Tier.IRREVERSIBLE:
         body["approval"] = {"reason": tool.approval_reason, "risk_tags": tool.risk_tags,
                             "estimated_impact": tool.estimated_impact, "timeout_s": tool.approval_timeout_s,
-                            "auto_approve_on_timeout": tool.auto_approve_on_timeout}
+                            "auto_approve_on_timeout": tool.auto_approve_on_timeout,
+                            "approvals_required": tool.approvals_required}
         if tool.executor_url:
             body["executor"] = {"url": tool.executor_url, "timeout_ms": tool.executor_timeout_ms}
     return body
@@ -226,6 +228,7 @@ def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -
         "estimated_impact": approval.get("estimated_impact", ""),
         "approval_timeout_s": approval.get("timeout_s"),
         "auto_approve_on_timeout": approval.get("auto_approve_on_timeout"),
+        "approvals_required": approval.get("approvals_required", 1),
         "executor_url": executor.get("url", ""), "executor_timeout_ms": executor.get("timeout_ms", 10000),
     }
 
@@ -279,6 +282,8 @@ class SessionCreateSerializer(StrictSerializer):
     # Optional: a key belongs to exactly one agent, so the key says which. When given, it must match.
     agent = StringField(max_length=100, required=False)
     metadata = serializers.DictField(required=False, default=dict)
+    # The person who started this run (their username or email): they cannot approve its calls.
+    started_by = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
 class FailSerializer(StrictSerializer):
@@ -294,6 +299,7 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(session.id), "agent": session.agent.name, "state": session.state,
         "step_index": session.step_index, "metadata": session.metadata, "error": session.error or None,
+        "started_by": session.started_by or None,
         "created": session.created.isoformat(), "updated": session.updated.isoformat(),
         "ended_at": session.ended_at.isoformat() if session.ended_at else None,
     }
@@ -369,7 +375,8 @@ class SessionViewSet(OrgScopedViewSet):
             raise DomainError(f"The agent {agent.name} is {agent.state}; a reviewer must resume it.",
                               code="agent_suspended", status_code=423,
                               reason=agent.suspend_reason or agent.state, state=agent.state)
-        session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"])
+        session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
+                                         started_by=data["started_by"].strip())
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],

@@ -8,9 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from approvals import notify
+from approvals import notify, rules
 from approvals.models import ApprovalRequest
 from budgets import guard
+from budgets.models import Refusal
 from effects.models import (
     Effect,
     SafeCall,
@@ -23,7 +24,7 @@ from effects.models import (
     render_template,
     sha256,
 )
-from orgs.models import Agent
+from orgs.models import Agent, Event, Organization
 from undolog_site.errors import Conflict, DomainError, Invalid, NotFound
 
 ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
@@ -165,7 +166,8 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     4. The session must be running and the agent active; the tool registered, not SAFE.
     5. Budget first: a call over a limit is refused, recorded, and not counted.
     6. Compensable: effect `executing` and its undo entry, before the answer goes out.
-    7. Irreversible: effect `pending`, its approval request, session `awaiting_approval`.
+    7. Irreversible: the org's rules decide first (approve, deny, or how many must approve),
+       then effect `pending`, its approval request, session `awaiting_approval` (`_ask`).
     """
     session = _lock_session(agent, session_id)
     names = {call.tool} | {safe.tool for safe in call.safe_calls}
@@ -191,12 +193,77 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
         entry = _push_undo(session, tool, effect)
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
         return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
-    approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect))
+    return _ask(agent, session, tool, call, effect)
+
+
+def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect) -> Answer:
+    """An irreversible call that passed the budget.
+
+    1. The org's rules (cached, no query): the first enforcing match decides; observe-mode
+       matches are noted on the request and as events.
+    2. deny: the effect is rejected by the rule, a refusal of kind `rule` is recorded, the run
+       goes on (the agent is told why, with the rule's name); the call stays counted, like a
+       person's rejection, and a resubmission replays the refusal.
+    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for;
+       session `awaiting_approval`.
+    4. approve: decided at once by the rule, exactly like a person's decision
+       (`decided_by = "rule:<name>"`); reviewers are not asked.
+    """
+    verdict = rules.decide(agent.org, agent, session, tool, call.args)
+    rule = verdict.rule
+    for observed in verdict.observed:
+        Event.record(agent.org, "rule.observed", agent=agent, session_id=session.pk, rule=observed.name,
+                     outcome=observed.outcome, tool=tool.name, effect=str(effect.id), applied=False)
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+    if rule is not None and rule.outcome == rules.Rule.Outcome.DENY:
+        return _deny(agent, session, tool, call, effect, rule)
+    required = quorum_for(agent.org, tool, rule)
+    approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
+                                        approvals_required=required, rule=rule.name if rule else "",
+                                        observations=verdict.observations())
     session.await_approval(actor=f"agent:{agent.name}")
-    notify.approval_requested(approval)
+    if rule is not None and rule.outcome == rules.Rule.Outcome.APPROVE:
+        approval.approve(rule=rule.name, reason=rule.message or f"Approved by rule {rule.name}.")
+        effect.state = Effect.State.APPROVED
+    else:
+        notify.approval_requested(approval)
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
-    return Answer(202, {"decision": "await_approval", "effect": effect_body, "approval": approval.summary()})
+    if approval.decision:
+        effect_body.update(decision=approval.decision, reason=approval.decision_reason or None)
+    return Answer(202, {"decision": "await_approval", "effect": effect_body,
+                        "approval": {**approval.summary(), "decided_by": approval.decided_by_label or None,
+                                     "approvals_required": approval.approvals_required}})
+
+
+def quorum_for(org: Organization, tool: Tool, rule: rules.CompiledRule | None) -> int:
+    """Distinct approvers a call needs: the most any of its tool, its risk tags (the org's
+    `approvals_by_risk_tag`) and a `require` rule ask for. A rule can raise it, never lower it."""
+    tags = org.approvals_by_risk_tag or {}
+    asked = [tool.approvals_required, *(tags.get(tag, 1) for tag in tool.risk_tags or [])]
+    if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE:
+        asked.append(rule.approvals_required)
+    return max(1, *asked)
+
+
+def _deny(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
+          rule: rules.CompiledRule) -> Answer:
+    label = f"rule:{rule.name}"
+    why = rule.message or "this call is not allowed"
+    message = (f"DENIED by rule '{rule.name}': {why}. Tool call '{tool.name}' was not executed; "
+               "do not retry it, find another way or give your final answer.")
+    effect.reject(actor=label, reason=why)
+    refusal = Refusal.record(agent=agent, kind=Refusal.Kind.RULE, tool_name=tool.name, decided_by=label,
+                             reason=f"rule {rule.name}: {why}", session_id=session.pk, effect_id=effect.pk,
+                             step_index=call.step_index, args=call.args, message=message)
+    return Answer(403, refused_by_rule(effect, refusal))
+
+
+def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
+    """The answer to a call a rule denied, the first time and on every replay."""
+    rule = refusal.decided_by.removeprefix("rule:")
+    return {"decision": "refused", "kind": "rule", "rule": rule, "message": refusal.message,
+            "refusal": str(refusal.id), "effect": {**effect.as_dict(), "decision": "rejected",
+                                                   "reason": refusal.reason}}
 
 
 def _lock_session(agent: Agent, session_id: Any) -> Session:
@@ -232,6 +299,10 @@ def _replay(existing: Effect, call: Call) -> Answer:
     body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
     if existing.tier == Tier.IRREVERSIBLE:
         found = ApprovalRequest.for_caller(existing)
+        if found is None and existing.state == Effect.State.REJECTED:
+            denied = Refusal.objects.filter(effect_id=existing.pk, kind=Refusal.Kind.RULE).first()
+            if denied is not None:  # a rule refused it: the same answer again, nothing counted twice
+                return Answer(403, refused_by_rule(existing, denied))
         if found is not None:
             body["approval"], fields = found
             body["effect"].update(fields)

@@ -250,6 +250,7 @@ class Tool(models.Model):
     estimated_impact = models.TextField(blank=True)
     approval_timeout_s = models.PositiveIntegerField(null=True, blank=True)
     auto_approve_on_timeout = models.BooleanField(null=True, blank=True)
+    approvals_required = models.PositiveSmallIntegerField(default=1, help_text="Distinct reviewers who must approve.")
     executor_url = models.CharField(max_length=500, blank=True)
     executor_timeout_ms = models.PositiveIntegerField(default=10000)
     created = models.DateTimeField(auto_now_add=True)
@@ -299,6 +300,9 @@ class Session(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions")
     state = models.CharField(max_length=24, choices=State.choices, default=State.RUNNING, db_index=True)
     metadata = models.JSONField(default=dict, blank=True)
+    started_by = models.CharField(max_length=200, blank=True,
+                                  help_text="The person who started the run (username or email); they cannot "
+                                            "approve its calls.")
     step_index = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
     # Run counters (budgets): updated under the session row lock.

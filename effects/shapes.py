@@ -39,6 +39,7 @@ class ToolApprovalDict(TypedDict):
     estimated_impact: str
     timeout_s: int | None
     auto_approve_on_timeout: bool | None
+    approvals_required: int
 
 
 class ToolExecutorDict(TypedDict):
@@ -190,6 +191,7 @@ class SessionDict(TypedDict):
     step_index: int
     metadata: dict[str, Any]
     error: str | None
+    started_by: str | None
     created: str
     updated: str
     ended_at: str | None

@@ -46,11 +46,13 @@ class Organization(models.Model):
         default=False, help_text="Default: approve when the deadline passes without a decision.")
     context_window = models.PositiveSmallIntegerField(
         default=10, help_text="How many of the session's last calls an approval request shows.")
+    approvals_by_risk_tag = models.JSONField(
+        default=dict, blank=True, help_text='Distinct approvers a risk tag requires: {"payments": 2}.')
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret)
     email_notifications = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)
     # Bumped by database triggers (PostgreSQL) in the same transaction as any change to the org's
-    # tools, compensation functions or budget policies: the intercept's fast path caches those
+    # tools, compensation functions, budget policies or approval rules: the intercept caches those
     # in process and checks this number in its one statement, so a change is seen on the next call.
     config_version = models.BigIntegerField(default=0, editable=False)
 

@@ -85,6 +85,9 @@ def test_exceptions_carry_the_servers_details() -> None:
 def test_refusals_read_as_the_guide_tells_the_model() -> None:
     assert refusal_as_tool_result(error_from_response(429, BUDGET)) == BUDGET_MESSAGE
     assert refusal_as_tool_result(ApprovalRejected(reason="open invoice")) == "DENIED: open invoice"
+    rule = error_from_response(403, {"decision": "refused", "kind": "rule", "rule": "keep-vips",
+                                     "message": "DENIED by rule 'keep-vips': VIPs stay."})
+    assert refusal_as_tool_result(rule) == "DENIED by rule 'keep-vips': VIPs stay."
     suspended = refusal_as_tool_result(error_from_response(423, {"error": "agent_suspended",
                                                                  "reason": "budget"}))
     assert suspended.endswith("Stop calling tools and give your final answer.")

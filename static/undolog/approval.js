@@ -21,7 +21,13 @@
     if (!button || !pending()) return;
     UL.act(button, function () {
       return UL.api("POST", "/api/v1/approvals/" + id() + "/approve", {args_digest: live().dataset.digest});
-    }, "Approved.").then(afterDecision, function () { refresh(); });
+    }).then(function (data) {
+      // With a quorum the request may still be pending: say how far it has come.
+      var approval = (data && data.approval) || {};
+      UL.flash(approval.state === "pending" ? "Approval recorded: " + approval.quorum + "; another reviewer must approve."
+                                            : "Approved.", "ok");
+      return afterDecision(data);
+    }, function () { refresh(); });
   }
 
   function reject(rollback) {
@@ -102,7 +108,7 @@
     var approval = payload.approval || (payload.data && payload.data.approval) || {};
     return approval.id === id();
   }
-  ["approval.decided", "approval.expired", "approval.extended"].forEach(function (kind) {
+  ["approval.decided", "approval.expired", "approval.extended", "approval.counted"].forEach(function (kind) {
     UL.on(kind, function (payload) { if (mine(payload)) refresh(); });
   });
   // The effect moves on after the decision (executing, committed): its history card follows.

@@ -54,6 +54,14 @@
     return "";
   }
 
+  // "1 of 2" beside the tool while a request needs several distinct approvers.
+  function showQuorum(row, item) {
+    var quorum = row.querySelector(".quorum");
+    var several = (item.approvals_required || 1) > 1;
+    quorum.hidden = !several;
+    quorum.textContent = several ? (item.approvals || []).length + " of " + item.approvals_required : "";
+  }
+
   function build(item) {
     var row = template.content.firstElementChild.cloneNode(true);
     row.dataset.id = item.id;
@@ -65,6 +73,7 @@
     var link = row.querySelector("a.row-link");
     link.href = "/approvals/" + item.id + "/";
     link.textContent = item.tool;
+    showQuorum(row, item);
     row.querySelector(".agent").textContent = item.agent || "";
     var tags = row.querySelector(".tags");
     (item.risk_tags || []).forEach(function (tag) {
@@ -139,6 +148,10 @@
       if (id) remove(id);
       update();
     });
+  });
+  UL.on("approval.counted", function (payload) {
+    var row = rowOf(approvalId(payload) || "");
+    if (row && payload.approval) showQuorum(row, payload.approval);
   });
   UL.on("approval.extended", function (payload) {
     var row = rowOf(approvalId(payload) || "");

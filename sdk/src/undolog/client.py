@@ -54,7 +54,8 @@ class UndoLogClient:
                 **options: Any) -> Session:
         """A new run of ``agent`` (default ``$UNDOLOG_AGENT``), opened on entering the block.
 
-        ``options`` override the client's approval_timeout, poll_wait and on_wait.
+        ``options`` override the client's approval_timeout, poll_wait and on_wait;
+        ``started_by`` names the person who started the run (they cannot approve its calls).
         """
         agent = agent or os.environ.get("UNDOLOG_AGENT")
         return Session(self._http, agent=agent, metadata=metadata,

@@ -246,6 +246,8 @@ def refusal_as_tool_result(exc: BaseException) -> str:
         return f"DENIED: {exc.reason or 'rejected by a reviewer'}"
     if isinstance(exc, ApprovalExpired):
         return "DENIED: nobody approved this call before its deadline; it was not executed."
+    if isinstance(exc, Refused) and exc.code == "rule":
+        return exc.message  # "DENIED by rule '<name>': …", written for the model
     if isinstance(exc, AgentSuspended):
         return (f"Agent suspended ({exc.reason or 'manual'}); the tool call was not executed. "
                 f"{_STOP}")

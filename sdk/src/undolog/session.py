@@ -80,13 +80,16 @@ class Session:
 
     def __init__(self, http: Http, *, agent: str | None = None,
                  metadata: Mapping[str, Any] | None = None, session_id: str | None = None,
-                 approval_timeout: float | None = None, poll_wait: float = 30.0,
+                 started_by: str | None = None, approval_timeout: float | None = None,
+                 poll_wait: float = 30.0,
                  on_wait: Callable[[WaitInfo], None] | None = None) -> None:
         # No agent: the server takes the key's own agent (a key belongs to exactly one).
         self._http = http
         self.id: str | None = session_id
         self.agent = agent
         self.metadata = dict(metadata or {})
+        # Who started this run (username or email): the server won't let them approve it.
+        self.started_by = started_by
         self.state: str | None = None
         self.data: dict[str, Any] = {}
         self.approval_timeout = approval_timeout
@@ -126,6 +129,8 @@ class Session:
         body: dict[str, Any] = {"metadata": self.metadata}
         if self.agent:
             body["agent"] = self.agent
+        if self.started_by:
+            body["started_by"] = self.started_by
         return Call("POST", "/api/v1/sessions", body)
 
     def _open(self, answer: Mapping[str, Any]) -> None:

@@ -1,0 +1,50 @@
+"""Rules in the Django admin: a bad condition is a form error naming its position, and every
+add, change and delete through the admin is audited like the API's."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from approvals.models import Rule, RuleChange
+
+pytestmark = pytest.mark.django_db
+
+RULES = "/admin/approvals/rule/"
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = get_user_model().objects.create_superuser("root", "root@x.io", "pw-root")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def form(acme, **fields) -> dict:
+    return {"org": acme.org.pk, "name": "small", "position": 0, "condition": "args.amount < 5",
+            "outcome": "approve", "approvals_required": 1, "message": "", "mode": "enforce", "agent": "",
+            "tool": "", **fields}
+
+
+def test_an_admin_edit_is_audited_with_who_and_what(staff, acme):
+    assert staff.post(f"{RULES}add/", form(acme)).status_code == 302
+    rule = Rule.objects.get()
+
+    staff.post(f"{RULES}{rule.pk}/change/", form(acme, condition="args.amount < 9", mode="observe"))
+    staff.post(f"{RULES}{rule.pk}/delete/", {"post": "yes"})
+
+    history = list(RuleChange.objects.order_by("created").values_list("action", "actor", "changes"))
+    assert [(action, actor) for action, actor, _ in history] == [
+        ("created", "admin:root"), ("changed", "admin:root"), ("deleted", "admin:root")]
+    assert history[1][2] == {"condition": ["args.amount < 5", "args.amount < 9"], "mode": ["enforce", "observe"]}
+    assert not Rule.objects.exists()
+
+
+def test_a_bad_condition_is_a_form_error_with_its_position(staff, acme):
+    response = staff.post(f"{RULES}add/", form(acme, condition="args.amount <"))
+
+    assert response.status_code == 200
+    assert "line 1, column 14" in response.content.decode()
+    assert not Rule.objects.exists()
