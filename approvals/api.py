@@ -48,6 +48,9 @@ class ApproveSerializer(StrictSerializer):
     args_digest = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, allow_blank=True, default="",
                                          error_messages={"invalid": "Must be the request's args_digest "
                                                                     "(64 lowercase hex characters)."})
+    # Edit before approving: the call runs with these instead (checked by the model verb, so the
+    # dashboard and Slack get the same limits).
+    args = serializers.JSONField(required=False, default=None)
 
 
 class RejectSerializer(StrictSerializer):
@@ -87,7 +90,8 @@ def _seconds_left(approval: ApprovalRequest) -> int | None:
     return max(0, int((approval.timeout_at - timezone.now()).total_seconds()))
 
 
-DECISION_ERRORS = errors(404, 409, codes={
+DECISION_ERRORS = errors(400, 404, 409, codes={
+    400: ["invalid"],
     404: ["approval_not_found"],
     409: ["already_decided", "deadline_passed", "args_digest_mismatch", "session_not_awaiting_approval"]})
 
@@ -130,12 +134,15 @@ class ApprovalViewSet(OrgScopedViewSet):
                    responses={**ok(shapes.ApprovalBodyDict), **DECISION_ERRORS},
                    examples=[OpenApiExample("approve", request_only=True, value={
                        "reason": "Checked: the account is a test account.",
-                       "args_digest": "3f7a" * 16})])
+                       "args_digest": "3f7a" * 16}),
+                       OpenApiExample("approve edited args", request_only=True, value={
+                           "reason": "Capped the refund at the order's total.", "args_digest": "3f7a" * 16,
+                           "args": {"order": "A-1001", "amount": 40}})])
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str) -> Response:
         data = validated(ApproveSerializer, request.data)
         approval = self.get_object()
-        approval.approve(self.caller.user, data["reason"].strip(), data["args_digest"] or None)
+        approval.approve(self.caller.user, data["reason"].strip(), data["args_digest"] or None, args=data["args"])
         return Response({"approval": approval_detail(self.get_object())})
 
     @extend_schema(summary="Reject (and optionally roll the run back)", tags=["approvals"], request=RejectSerializer,

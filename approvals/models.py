@@ -16,12 +16,13 @@ from django.utils import timezone
 
 from budgets.models import Refusal
 from core import retry
-from effects.models import Effect, Session, Tool, render_text
+from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
 from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Invalid
 
 TIMEOUT_LABEL = "timeout"
 MAX_EXTEND_MINUTES = 7 * 24 * 60
+MAX_EDIT_DEPTH = 32
 
 
 class ApprovalRequestQuerySet(models.QuerySet):
@@ -192,7 +193,8 @@ class ApprovalRequest(models.Model):
         if approval is None:
             return None
         view = {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                "reason": approval.decision_reason or None, "decision": approval.decision}
+                "reason": approval.decision_reason or None, "decision": approval.decision,
+                "decided_args_digest": approval.decided_args_digest or None}
         return view, approval.caller_fields()
 
     def event_data(self) -> dict[str, Any]:
@@ -202,12 +204,15 @@ class ApprovalRequest(models.Model):
 
     # ------------------------------------------------------------ decisions
 
-    def approve(self, by=None, reason: str = "", args_digest: str | None = None) -> None:
-        """Approve the exact args shown (by=None: the deadline passed with auto-approve on).
+    def approve(self, by=None, reason: str = "", args_digest: str | None = None,
+                args: dict[str, Any] | None = None) -> None:
+        """Approve the exact args shown (by=None: the deadline passed with auto-approve on), or
+        the reviewer's edit of them (`args`): the edit is what runs.
 
         1. An approval is bound to args: a digest that is not the request's is 409.
-        2. Guarded UPDATE pending → approved (the first decision wins).
-        3. Effect pending → approved; session awaiting_approval → running.
+        2. Guarded UPDATE pending → approved (the first decision wins), bound to the digest of
+           what will run (the edit's, if any).
+        3. Effect pending → approved (with `approved_args`); session awaiting_approval → running.
         4. A tool with an executor gets its call queued as a delivery row (the worker runs it).
         5. `approval.decided` is recorded; fan-out happens after commit.
         """
@@ -215,22 +220,39 @@ class ApprovalRequest(models.Model):
             raise Conflict("The args changed since you looked: the digest you approved is not this "
                            "request's. Reload the request and decide again.",
                            code="args_digest_mismatch", args_digest=self.args_digest)
+        edited, digest = self._edit(args)
         label = _label(by)
         with transaction.atomic():
             # A person approves before the deadline; after it, only the deadline decides.
             self._decide(self.State.APPROVED, by, label, reason, due_only=by is None,
-                         before_deadline=by is not None, decided_args_digest=self.args_digest)
-            effect, session = self._effect_and_session()
-            effect.approve(actor=label, reason=reason)
-            if not _release(session, session.resume_running, label, reason or "approved"):
-                # The run ended (failed, say) while it waited: nothing may run on its behalf.
-                raise Conflict(f"The session is {session.state}; this call can no longer run. "
-                               "Reject it or let it expire.", code="session_not_awaiting_approval",
-                               state=session.state)
-            if effect.tool_id and effect.tool and effect.tool.executor_url:
-                WebhookDelivery.for_executor(effect, self)
-            Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
-                         **self.event_data())
+                         before_deadline=by is not None, decided_args_digest=digest)
+            self._release_approved(label, reason, edited)
+
+    def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+        """Edit before approving: the edited args (None if unchanged) and the digest the decision
+        binds to. An edit equal to the proposal is no edit."""
+        if args is None:
+            return None, self.args_digest
+        problem = edited_args_problem(args)
+        if problem:
+            raise Invalid({"args": problem}, f"args: {problem}")
+        digest = sha256(canonical_json(args))
+        return (None, digest) if digest == self.args_digest else (args, digest)
+
+    def _release_approved(self, label: str, reason: str, edited: dict[str, Any] | None = None) -> None:
+        """After the guarded UPDATE to approved: effect approved, session running, executor
+        queued, `approval.decided` recorded (a person's, the deadline's or a grant's decision)."""
+        effect, session = self._effect_and_session()
+        effect.approve(actor=label, reason=reason, approved_args=edited)
+        if not _release(session, session.resume_running, label, reason or "approved"):
+            # The run ended (failed, say) while it waited: nothing may run on its behalf.
+            raise Conflict(f"The session is {session.state}; this call can no longer run. "
+                           "Reject it or let it expire.", code="session_not_awaiting_approval",
+                           state=session.state)
+        if effect.tool_id and effect.tool and effect.tool.executor_url:
+            WebhookDelivery.for_executor(effect, self)
+        Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
+                     **self.event_data())
 
     def reject(self, by, reason: str, rollback: bool = False) -> None:
         """Reject with a reason: effect rejected, session halted (or failed, so its undo stack
@@ -331,6 +353,26 @@ class ApprovalRequest(models.Model):
                        decided_by=label, reason=self.decision_reason, session_id=session.pk,
                        effect_id=effect.pk, step_index=effect.step_index, args=effect.args,
                        message=f"DENIED: {self.decision_reason}")
+
+
+def edited_args_problem(args: Any) -> str | None:
+    """What is wrong with a reviewer's edit of a call's args, or None: the same limits as an
+    intercepted call's args (an object, UNDOLOG_MAX_ARGS_BYTES), and a nesting limit so no
+    edit can make the agent's JSON parser recurse without end."""
+    if not isinstance(args, dict):
+        return "Must be a JSON object of the call's arguments."
+    if len(canonical_json(args).encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
+        return f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
+    if _depth(args) > MAX_EDIT_DEPTH:
+        return f"Must be nested at most {MAX_EDIT_DEPTH} levels deep."
+    return None
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_EDIT_DEPTH:
+        return level  # deep enough to refuse; stop walking
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children if isinstance(child, (dict, list))), default=level)
 
 
 def _label(by) -> str:
@@ -494,7 +536,10 @@ class WebhookDelivery(models.Model):
             url=tool.executor_url, timeout_ms=tool.executor_timeout_ms,
             max_attempts=settings.UNDOLOG_EXECUTOR_MAX_ATTEMPTS,
             body={"effect_id": str(effect.id), "session_id": str(effect.session_id), "tool": effect.tool_name,
-                  "args": effect.args, "args_digest": effect.args_digest, "step_index": effect.step_index,
+                  # What the reviewer approved runs: their edit if they made one (the digest is the
+                  # decision's); the agent's proposal is kept beside it.
+                  "args": effect.args_to_run, "args_digest": approval.decided_args_digest or effect.args_digest,
+                  "proposed_args": effect.args, "step_index": effect.step_index,
                   "approval": {"id": str(approval.id), "decided_by": approval.decided_by_label,
                                "reason": approval.decision_reason or None}},
         )

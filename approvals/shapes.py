@@ -26,6 +26,7 @@ class ApprovalItemDict(TypedDict):
     estimated_impact: str
     proposed_args: dict[str, Any]
     args_digest: str
+    approved_args: dict[str, Any] | None
     timeout_at: str
     auto_approve_on_timeout: bool
     executor: bool

@@ -76,6 +76,7 @@ class EffectDict(TypedDict):
     step_index: int
     call_signature: str
     args: dict[str, Any]
+    approved_args: dict[str, Any] | None
     result: Any
     error: str | None
     created: str
@@ -94,6 +95,7 @@ class ApprovalSummaryDict(TypedDict):
     decided_by: NotRequired[str | None]
     reason: NotRequired[str | None]
     decision: NotRequired[str | None]
+    decided_args_digest: NotRequired[str | None]
 
 
 class EffectWithApprovalDict(EffectDict):
