@@ -18,14 +18,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import events, shapes
-from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook
 from core.outbound import check_target
 from core.schema import errors, ok
-from effects.models import EffectTransition
+from effects.models import EffectTransition, Session, Tool
 from orgs.auth import IsAdmin, IsMember, IsReviewer
-from orgs.models import validate_time_zone
+from orgs.models import Agent, validate_time_zone
 from orgs.views import OrgScopedAPIView, OrgScopedViewSet
-from undolog_site.errors import Invalid
+from undolog_site.errors import DomainError, Invalid
 from undolog_site.validation import StrictSerializer, validated
 
 MAX_WEBHOOKS_PER_ORG = 20
@@ -55,6 +55,18 @@ class ApproveSerializer(StrictSerializer):
 
 class RejectSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=2000)
+
+
+MAX_BATCH = 100
+
+
+class BatchSerializer(StrictSerializer):
+    ids = serializers.ListField(child=serializers.UUIDField(), min_length=1, max_length=MAX_BATCH)
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    # Each id's digest as the reviewer saw it (optional): a request whose args differ is refused alone.
+    args_digests = serializers.DictField(child=serializers.RegexField(r"^[0-9a-f]{64}$"), required=False,
+                                         default=dict)
 
 
 class ExtendSerializer(StrictSerializer):
@@ -103,7 +115,7 @@ class ApprovalViewSet(OrgScopedViewSet):
     not_found = ("approval_not_found", "No such approval request.")
 
     def get_permissions(self):
-        if self.action in ("approve", "reject", "extend"):
+        if self.action in ("approve", "reject", "extend", "batch"):
             return [IsReviewer()]
         return [IsMember()]
 
@@ -166,6 +178,37 @@ class ApprovalViewSet(OrgScopedViewSet):
         approval.extend(data["minutes"], by=self.caller.user)
         return Response({"approval": approval_detail(self.get_object())})
 
+    @extend_schema(summary="Approve or reject several requests, each on its own", tags=["approvals"],
+                   request=BatchSerializer, responses={**ok(shapes.BatchResultDict), **errors(400)},
+                   examples=[OpenApiExample("batch", request_only=True, value={
+                       "ids": ["0b1e…", "5c2d…"], "decision": "reject", "reason": "Not during the freeze."})])
+    @action(detail=False, methods=["post"])
+    def batch(self, request: Request) -> Response:
+        """Each request is decided in its own transaction, bound to its own digest: one that was
+        decided meanwhile (or whose args changed) is reported in its row, the others still go."""
+        data = validated(BatchSerializer, request.data)
+        if data["decision"] == "reject" and not data["reason"].strip():
+            raise Invalid({"reason": "A reason is required to reject (each agent is told it)."},
+                          "A reason is required to reject.")
+        found = {a.pk: a for a in self.get_queryset().filter(pk__in=data["ids"])}
+        results = [self._decide_one(found.get(pk), pk, data) for pk in dict.fromkeys(data["ids"])]
+        return Response({"decision": data["decision"], "results": results,
+                         "decided": sum(r["ok"] for r in results), "failed": sum(not r["ok"] for r in results)})
+
+    def _decide_one(self, approval: ApprovalRequest | None, pk, data: dict) -> dict[str, Any]:
+        if approval is None:
+            return {"id": str(pk), "ok": False, "error": "approval_not_found", "message": "No such approval request."}
+        try:
+            if data["decision"] == "approve":
+                digest = data["args_digests"].get(str(pk)) or approval.args_digest
+                approval.approve(self.caller.user, data["reason"].strip(), digest)
+            else:
+                approval.reject(self.caller.user, data["reason"])
+        except DomainError as exc:
+            return {"id": str(pk), "ok": False, "error": exc.code, "message": exc.message}
+        return {"id": str(pk), "ok": True, "state": approval.state, "decided_args_digest":
+                approval.decided_args_digest or None}
+
     @extend_schema(summary="Approval stats of the last 7 days", tags=["approvals"],
                    responses=ok(shapes.ApprovalStatsDict))
     @action(detail=False, methods=["get"])
@@ -182,6 +225,66 @@ def _limit(request: Request) -> int:
     if not 1 <= limit <= 500:
         raise Invalid({"limit": "Must be a whole number from 1 to 500."}, "limit must be from 1 to 500.")
     return limit
+
+
+# ---------------------------------------------------------------- grants
+
+
+class GrantSerializer(StrictSerializer):
+    agent = serializers.CharField(max_length=200)
+    tool = serializers.CharField(max_length=200)
+    session = serializers.UUIDField(required=False, default=None)
+    minutes = serializers.IntegerField(min_value=1, max_value=MAX_GRANT_MINUTES, required=False, default=None)
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class GrantViewSet(OrgScopedViewSet):
+    """Standing approvals of one tool for one agent (a run, or some minutes): listed, issued and
+    revoked by reviewers. The intercept consults them only for calls that would wait for a person."""
+
+    queryset = Grant.objects.select_related("agent")
+    not_found = ("grant_not_found", "No such grant.")
+
+    def get_permissions(self):
+        return [IsMember()] if self.action == "list" else [IsReviewer()]
+
+    @extend_schema(operation_id="v1_grants_list", summary="The org's grants, newest first", tags=["grants"],
+                   parameters=[OpenApiParameter("live", bool, description="Only grants in force now.")],
+                   responses=ok(shapes.GrantListDict))
+    def list(self, request: Request) -> Response:
+        grants = self.get_queryset().live() if flag(request, "live") else self.get_queryset()
+        return Response({"grants": [g.as_dict() for g in grants[:200]]})
+
+    @extend_schema(summary="Issue a grant: this tool for this agent, for a run or for some minutes",
+                   tags=["grants"], request=GrantSerializer,
+                   responses={**ok(shapes.GrantBodyDict, 201), **errors(400)},
+                   examples=[OpenApiExample("for 30 minutes", request_only=True,
+                                            value={"agent": "cleanup", "tool": "delete_account", "minutes": 30}),
+                             OpenApiExample("for the rest of a run", request_only=True,
+                                            value={"agent": "cleanup", "tool": "delete_account",
+                                                   "session": "6f1c9b2e-0d3a-4c55-9a51-2f3e1d0c7b8a"})])
+    def create(self, request: Request) -> Response:
+        data = validated(GrantSerializer, request.data)
+        org = self.org
+        agent = Agent.objects.for_org(org).filter(name=data["agent"]).first()
+        if agent is None:
+            raise Invalid({"agent": "No agent of this name in your organization."}, "No such agent.")
+        if not Tool.objects.for_org(org).filter(name=data["tool"]).exists():
+            raise Invalid({"tool": "No tool of this name is registered in your organization."}, "No such tool.")
+        session = None
+        if data["session"] is not None:
+            session = Session.objects.filter(pk=data["session"], agent=agent).first()
+            if session is None:
+                raise Invalid({"session": "No run of this agent with this id."}, "No such run of this agent.")
+        grant = Grant.issue(org, agent, data["tool"], self.caller.user, session=session, minutes=data["minutes"],
+                            reason=data["reason"].strip())
+        return Response({"grant": grant.as_dict()}, status=201)
+
+    @extend_schema(summary="Revoke a grant (the row stays: past decisions name it)", tags=["grants"],
+                   responses={204: None, **errors(404, 409, codes={404: ["grant_not_found"], 409: ["grant_revoked"]})})
+    def destroy(self, request: Request, pk: str) -> Response:
+        self.get_object().revoke(self.caller.user)
+        return Response(status=204)
 
 
 # ---------------------------------------------------------------- org settings

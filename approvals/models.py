@@ -21,6 +21,7 @@ from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Invalid
 
 TIMEOUT_LABEL = "timeout"
+GRANT_PREFIX = "grant:"
 MAX_EXTEND_MINUTES = 7 * 24 * 60
 MAX_EDIT_DEPTH = 32
 
@@ -58,6 +59,8 @@ class ApprovalRequestQuerySet(models.QuerySet):
             day[state] += 1
             if label == TIMEOUT_LABEL:
                 count["auto_approved"] += state == ApprovalRequest.State.APPROVED
+            elif label.startswith(GRANT_PREFIX):
+                count["granted"] += 1  # decided at once: not a person's time to decide
             else:
                 waits.append((decided_at - created).total_seconds())
                 day["waits"].append(waits[-1])
@@ -70,6 +73,7 @@ class ApprovalRequestQuerySet(models.QuerySet):
             "decided": decided,
             "approved": count["approved"],
             "auto_approved": count["auto_approved"],
+            "granted": count["granted"],
             "rejected": count["rejected"],
             "expired": count["expired"],
             "approval_rate": round(count["approved"] / decided, 4) if decided else None,
@@ -228,6 +232,19 @@ class ApprovalRequest(models.Model):
                          before_deadline=by is not None, decided_args_digest=digest)
             self._release_approved(label, reason, edited)
 
+    def approve_by_grant(self, grant: Grant, effect: Effect) -> None:
+        """Decided at once by a live grant, in the intercept's transaction (the session never
+        waits, so it stays running): recorded like any approval, as `grant:<id>`."""
+        label = grant.label
+        why = f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
+        with transaction.atomic():
+            self._decide(self.State.APPROVED, None, label, why, decided_args_digest=self.args_digest)
+            effect.approve(actor=label, reason=why)
+            if effect.tool_id and effect.tool and effect.tool.executor_url:
+                WebhookDelivery.for_executor(effect, self)
+            Event.record(self.org, "approval.decided", agent=self.session.agent, session_id=self.session_id,
+                         grant=str(grant.pk), **self.event_data())
+
     def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """Edit before approving: the edited args (None if unchanged) and the digest the decision
         binds to. An edit equal to the proposal is no edit."""
@@ -355,6 +372,107 @@ class ApprovalRequest(models.Model):
                        message=f"DENIED: {self.decision_reason}")
 
 
+# ---------------------------------------------------------------- grants
+
+MAX_GRANT_MINUTES = 7 * 24 * 60
+
+
+class GrantQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> GrantQuerySet:
+        return self.filter(org=org)
+
+    def live(self) -> GrantQuerySet:
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()), revoked_at__isnull=True)
+
+    def matching(self, agent_id: Any, tool_name: str, session_id: Any) -> GrantQuerySet:
+        """Live grants that decide this call (one indexed query: agent, tool)."""
+        return self.live().filter(Q(session__isnull=True) | Q(session_id=session_id),
+                                  agent_id=agent_id, tool_name=tool_name).order_by("created")
+
+
+class Grant(models.Model):
+    """A reviewer's standing approval of one tool for one agent: for the rest of one run
+    (`session`), or for `minutes` (`expires_at`). While it is live, an irreversible call it
+    matches is decided at once, as `grant:<id>`, after the budget check (a grant never lifts a cap).
+
+    Revoking is a guarded UPDATE (`revoked_at IS NULL`); the row stays, so past decisions keep
+    naming a grant one can read."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
+    agent = models.ForeignKey("orgs.Agent", on_delete=models.CASCADE, related_name="grants", editable=False)
+    tool_name = models.CharField(max_length=200, editable=False)
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                                editable=False, help_text="Only this run; empty: every run until it expires.")
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", editable=False)
+    created_by_label = models.CharField(max_length=200, editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by_label = models.CharField(max_length=200, blank=True)
+
+    objects = GrantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        # The intercept's one lookup (slow path only): agent and tool, then liveness.
+        indexes = [models.Index(fields=["agent", "tool_name"], name="grant_agent_tool")]
+
+    def __str__(self) -> str:
+        return f"grant of {self.tool_name} to {self.agent_id}"
+
+    @property
+    def label(self) -> str:
+        return f"grant:{self.pk}"
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+    @classmethod
+    def issue(cls, org: Organization, agent, tool_name: str, by, *, session: Session | None = None,
+              minutes: int | None = None, reason: str = "") -> Grant:
+        """A reviewer issues a grant: for `session` (the rest of that run) or for `minutes`."""
+        if (session is None) == (minutes is None):
+            raise Invalid({"session": "Give a session or minutes, not both."},
+                          "A grant is for the rest of one run (session) or for some minutes, not both.")
+        if minutes is not None and not 1 <= minutes <= MAX_GRANT_MINUTES:
+            raise Invalid({"minutes": f"Must be a whole number from 1 to {MAX_GRANT_MINUTES}."},
+                          f"minutes must be from 1 to {MAX_GRANT_MINUTES}.")
+        expires = timezone.now() + timedelta(minutes=minutes) if minutes is not None else None
+        with transaction.atomic():
+            grant = cls.objects.create(org=org, agent=agent, tool_name=tool_name, session=session,
+                                       expires_at=expires, created_by=by, created_by_label=_label(by),
+                                       reason=reason)
+            Event.record(org, "grant.issued", agent=agent, session_id=session.pk if session else None,
+                         **grant.event_data())
+        return grant
+
+    def revoke(self, by) -> None:
+        with transaction.atomic():
+            now = timezone.now()
+            if Grant.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+                    revoked_at=now, revoked_by_label=_label(by)) != 1:
+                raise Conflict("This grant was already revoked.", code="grant_revoked")
+            self.revoked_at, self.revoked_by_label = now, _label(by)
+            Event.record(self.org, "grant.revoked", agent=self.agent, session_id=self.session_id,
+                         **self.event_data())
+
+    def event_data(self) -> dict[str, Any]:
+        return {"grant": self.as_dict()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": str(self.id), "agent": self.agent.name, "tool": self.tool_name,
+                "session": str(self.session_id) if self.session_id else None,
+                "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+                "created_by": self.created_by_label, "reason": self.reason or None,
+                "created": self.created.isoformat(),
+                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+                "revoked_by": self.revoked_by_label or None, "live": self.live}
+
+
 def edited_args_problem(args: Any) -> str | None:
     """What is wrong with a reviewer's edit of a call's args, or None: the same limits as an
     intercepted call's args (an object, UNDOLOG_MAX_ARGS_BYTES), and a nesting limit so no
@@ -407,7 +525,7 @@ def _release(session: Session, verb, actor: str, reason: str) -> bool:
 EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
-    "incident.changed", "session.updated",
+    "incident.changed", "session.updated", "grant.issued", "grant.revoked",
 ]
 
 

@@ -4,7 +4,7 @@ schema documents (`core.schema.shape`). The websocket's approval payload is
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from approvals.events import AgentContext
 from effects.shapes import TransitionDict
@@ -76,6 +76,7 @@ class ApprovalStatsDict(TypedDict):
     decided: int
     approved: int
     auto_approved: int
+    granted: int
     rejected: int
     expired: int
     approval_rate: float | None
@@ -145,3 +146,43 @@ class WebhookDetailDict(WebhookDict):
 
 class WebhookListDict(TypedDict):
     webhooks: list[WebhookDict]
+
+
+class BatchRowDict(TypedDict):
+    """One request's outcome in a batch: decided, or why not (the error code of its own decision)."""
+
+    id: str
+    ok: bool
+    state: NotRequired[str]
+    decided_args_digest: NotRequired[str | None]
+    error: NotRequired[str]
+    message: NotRequired[str]
+
+
+class BatchResultDict(TypedDict):
+    decision: str
+    results: list[BatchRowDict]
+    decided: int
+    failed: int
+
+
+class GrantDict(TypedDict):
+    id: str
+    agent: str
+    tool: str
+    session: str | None
+    expires_at: str | None
+    created_by: str
+    reason: str | None
+    created: str
+    revoked_at: str | None
+    revoked_by: str | None
+    live: bool
+
+
+class GrantBodyDict(TypedDict):
+    grant: GrantDict
+
+
+class GrantListDict(TypedDict):
+    grants: list[GrantDict]

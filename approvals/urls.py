@@ -8,6 +8,7 @@ from approvals import api
 router = SimpleRouter(trailing_slash=False)
 router.register("approvals", api.ApprovalViewSet, basename="approval")
 router.register("webhooks", api.WebhookViewSet, basename="webhook")
+router.register("grants", api.GrantViewSet, basename="grant")
 
 urlpatterns = [
     path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from approvals import notify
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Grant
 from budgets import guard
 from effects.models import (
     Effect,
@@ -165,7 +165,8 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     4. The session must be running and the agent active; the tool registered, not SAFE.
     5. Budget first: a call over a limit is refused, recorded, and not counted.
     6. Compensable: effect `executing` and its undo entry, before the answer goes out.
-    7. Irreversible: effect `pending`, its approval request, session `awaiting_approval`.
+    7. Irreversible: effect `pending`, its approval request, session `awaiting_approval`;
+       unless a reviewer's live grant covers it: decided at once, the session keeps running.
     """
     session = _lock_session(agent, session_id)
     names = {call.tool} | {safe.tool for safe in call.safe_calls}
@@ -193,10 +194,26 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
         return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect))
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+    granted = _granted(agent, session, tool, effect, approval)
+    if granted is not None:
+        return granted
     session.await_approval(actor=f"agent:{agent.name}")
     notify.approval_requested(approval)
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
     return Answer(202, {"decision": "await_approval", "effect": effect_body, "approval": approval.summary()})
+
+
+def _granted(agent: Agent, session: Session, tool: Tool, effect: Effect, approval: ApprovalRequest) -> Answer | None:
+    """A live grant of this tool to this agent (for this run, or for a while) decides the call at
+    once. Only calls that would otherwise wait for a person pay this one indexed query."""
+    grant = Grant.objects.matching(agent.pk, tool.name, session.pk).first()
+    if grant is None:
+        return None
+    approval.approve_by_grant(grant, effect)
+    view, fields = approval.summary(), approval.caller_fields()
+    view.update(decided_by=approval.decided_by_label, decision=approval.decision,
+                reason=approval.decision_reason, decided_args_digest=approval.decided_args_digest)
+    return Answer(201, {"decision": "approved", "effect": {**effect.as_dict(), **fields}, "approval": view})
 
 
 def _lock_session(agent: Agent, session_id: Any) -> Session:

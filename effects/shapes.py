@@ -214,9 +214,10 @@ class SessionListDict(TypedDict):
 
 
 class InterceptDict(TypedDict):
-    """The intercept's answer: execute (201), await_approval (202), replay (200) or refused (429)."""
+    """The intercept's answer: execute (201), await_approval (202), approved (201: a reviewer's grant
+    decided it at once; claim it with /start, then run it), replay (200) or refused (429)."""
 
-    decision: Literal["execute", "await_approval", "replay", "refused"]
+    decision: Literal["execute", "await_approval", "approved", "replay", "refused"]
     effect: NotRequired[EffectDict]
     undo_entry: NotRequired[UndoEntryDict]
     approval: NotRequired[ApprovalSummaryDict]
