@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects import claims
@@ -118,6 +118,7 @@ def incident(org: Organization) -> dict[str, Any] | None:
 # the standard library's html.escape rather than a template loop: Django's template engine takes
 # ~100 ms for 500 rows of a dozen variables each (format_html ~40 ms), html.escape a few.
 QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
+             '<td class="pick"><input type="checkbox" class="pick-row" value="{id}" aria-label="Select {tool}"></td>'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a></td>'
@@ -357,6 +358,8 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "session": approval.session,
         "risk_tags": [(tag, risk_class(tag)) for tag in approval.risk_tags or []],
         "args_json": json.dumps(approval.proposed_args, indent=2, sort_keys=True, ensure_ascii=False),
+        "approved_args_json": None if approval.effect.approved_args is None else
+        json.dumps(approval.effect.approved_args, indent=2, sort_keys=True, ensure_ascii=False),
         "calls": calls,
         "earlier_reasoning": earlier,
         "current_reasoning": current_reasoning,
@@ -364,6 +367,11 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "is_pending": approval.state == ApprovalRequest.State.PENDING,
         "next_pending": None if approval.state == ApprovalRequest.State.PENDING else next_pending(approval),
     }
+
+
+def grants_of(org: Organization, limit: int = 200) -> list[Grant]:
+    """The org's grants, newest first (live, expired and revoked: past decisions name them)."""
+    return list(Grant.objects.for_org(org).select_related("agent")[:limit])
 
 
 def next_pending(approval: ApprovalRequest) -> dict[str, Any] | None:

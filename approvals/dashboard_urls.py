@@ -13,4 +13,5 @@ urlpatterns = [
     path("agents/", views.agents, name="agents"),
     path("compensation-failures/", views.compensation_failures, name="compensation-failures"),
     path("settings/", views.org_settings, name="org-settings-page"),
+    path("grants/", views.grants, name="grants"),
 ]

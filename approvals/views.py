@@ -145,3 +145,9 @@ def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
     is_admin = membership.has_role(Membership.Role.ADMIN)
     return page(request, membership, "approvals/settings.html",
                 dashboard.settings_context(membership.org, with_webhooks=is_admin))
+
+
+@require_GET
+@member_page
+def grants(request: HttpRequest, membership: Membership) -> HttpResponse:
+    return page(request, membership, "approvals/grants.html", {"grants": dashboard.grants_of(membership.org)})
