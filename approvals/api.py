@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import events, shapes
-from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook
+from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from core.outbound import check_target
 from core.schema import errors, ok
 from effects.models import EffectTransition, Session, Tool
@@ -333,6 +333,67 @@ class OrgSettingsView(OrgScopedAPIView):
         if data:
             org.save(update_fields=list(data))
         return Response(settings_dict(org))
+
+
+# ---------------------------------------------------------------- Slack
+
+
+class SlackSerializer(StrictSerializer):
+    # Write-only: stored sealed, never returned (only the token's last four characters).
+    bot_token = serializers.RegexField(r"^xox[a-z]-[A-Za-z0-9-]{8,250}$", required=False, write_only=True,
+                                       error_messages={"invalid": "Must be the app's bot token (xoxb-…)."})
+    signing_secret = serializers.RegexField(r"^[0-9a-f]{16,128}$", required=False, write_only=True,
+                                            error_messages={"invalid": "Must be the app's signing secret (hex)."})
+    channel = serializers.RegexField(r"^[#A-Za-z0-9._-]{1,100}$", required=False,
+                                     error_messages={"invalid": "Must be a channel ID (C0123…) or name."})
+    active = serializers.BooleanField(required=False)
+
+
+def slack_dict(connection: SlackConnection | None, request: Request) -> dict[str, Any]:
+    if connection is None:
+        return {"connected": False, "channel": None, "active": False, "bot_token_hint": None,
+                "interactions_url": None}
+    return {"connected": True, "channel": connection.channel, "active": connection.active,
+            "bot_token_hint": connection.bot_token_hint,
+            "interactions_url": request.build_absolute_uri(f"/slack/interactions/{connection.pk}")}
+
+
+class SlackView(OrgScopedAPIView):
+    """The org's Slack app (admins): connect with a bot token, signing secret and channel; the
+    secrets are write-only. New approval requests then go to the channel with Approve / Reject."""
+
+    permission_classes = [IsAdmin]
+
+    @extend_schema(summary="Read the org's Slack connection (never its secrets)", tags=["org"],
+                   responses=ok(shapes.SlackDict))
+    def get(self, request: Request) -> Response:
+        return Response(slack_dict(SlackConnection.objects.filter(org=self.org).first(), request))
+
+    @extend_schema(summary="Connect or change the org's Slack app", tags=["org"], request=SlackSerializer,
+                   responses={**ok(shapes.SlackDict), **errors(400)},
+                   examples=[OpenApiExample("connect", request_only=True, value={
+                       "bot_token": "xoxb-1234-5678-abcdefgh", "signing_secret": "8f742231b10e8888abcd990000111a5",
+                       "channel": "C0123ABCDEF"})])
+    def put(self, request: Request) -> Response:
+        data = validated(SlackSerializer, request.data)
+        connection = SlackConnection.objects.filter(org=self.org).first() or SlackConnection(org=self.org)
+        if connection._state.adding:
+            missing = {name: "Required to connect Slack." for name in ("bot_token", "signing_secret", "channel")
+                       if not data.get(name)}
+            if missing:
+                raise Invalid(missing, "Connecting Slack takes the bot token, the signing secret and a channel.")
+        connection.set_secrets(data.get("bot_token"), data.get("signing_secret"))
+        for name in ("channel", "active"):
+            if name in data:
+                setattr(connection, name, data[name])
+        connection.updated = timezone.now()
+        connection.save()
+        return Response(slack_dict(connection, request))
+
+    @extend_schema(summary="Disconnect Slack (its secrets are deleted)", tags=["org"], responses={204: None})
+    def delete(self, request: Request) -> Response:
+        SlackConnection.objects.filter(org=self.org).delete()
+        return Response(status=204)
 
 
 # ---------------------------------------------------------------- org webhooks

@@ -735,3 +735,115 @@ class DeliveryAttempt(models.Model):
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "started_at": self.started_at.isoformat(), "duration_ms": self.duration_ms,
                 "ok": self.ok, "status_code": self.status_code, "error": self.error or None}
+
+
+# ---------------------------------------------------------------- Slack
+
+
+def _fernet():
+    """The key that seals Slack secrets at rest: derived from SECRET_KEY (rotating SECRET_KEY
+    means connecting Slack again; the secrets are never shown, so nothing else is lost)."""
+    import base64
+    import hashlib
+
+    from cryptography.fernet import Fernet
+
+    digest = hashlib.sha256(f"undolog.slack:{settings.SECRET_KEY}".encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def seal(value: str) -> str:
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def unseal(value: str) -> str:
+    return _fernet().decrypt(value.encode()).decode() if value else ""
+
+
+class SlackConnection(models.Model):
+    """An org's Slack app: its bot token and signing secret (sealed, write-only: never shown
+    again, only their last four characters), and the channel new approval requests go to."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.OneToOneField(Organization, on_delete=models.CASCADE, related_name="slack")
+    sealed_bot_token = models.TextField(editable=False)
+    sealed_signing_secret = models.TextField(editable=False)
+    bot_token_hint = models.CharField(max_length=8, editable=False)
+    channel = models.CharField(max_length=100, help_text="The channel's ID (C0123…) or name.")
+    active = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "Slack connection"
+
+    def __str__(self) -> str:
+        return f"Slack of {self.org} → {self.channel}"
+
+    def set_secrets(self, bot_token: str | None = None, signing_secret: str | None = None) -> None:
+        if bot_token:
+            self.sealed_bot_token, self.bot_token_hint = seal(bot_token), "…" + bot_token[-4:]
+        if signing_secret:
+            self.sealed_signing_secret = seal(signing_secret)
+
+    @property
+    def bot_token(self) -> str:
+        return unseal(self.sealed_bot_token)
+
+    @property
+    def signing_secret(self) -> str:
+        return unseal(self.sealed_signing_secret)
+
+
+class SlackUserLink(models.Model):
+    """Who a Slack user is here: set by an admin, or learned from a verified email the first
+    time that user pressed a button (users.info), so the next press needs no call to Slack."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    slack_user = models.CharField(max_length=32)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    learned = models.BooleanField(default=False, help_text="Learned from the Slack user's verified email.")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org", "slack_user"], name="one_link_per_slack_user")]
+
+    def __str__(self) -> str:
+        return f"{self.slack_user} → {self.user}"
+
+
+class SlackMessageQuerySet(models.QuerySet):
+    def unsynced(self) -> SlackMessageQuerySet:
+        """Not yet posted, or showing a state the request has left; attempts left."""
+        return self.filter(~Q(shown_state=F("approval__state")) | Q(ts=""),
+                           attempts__lt=settings.UNDOLOG_SLACK_MAX_ATTEMPTS)
+
+
+class SlackMessage(models.Model):
+    """The Slack message of one approval request. The row is the truth: the worker posts it
+    (`ts` empty) and updates it whenever the request's state is not what it shows
+    (`shown_state`); a lost task only delays it (the sweep sends it again)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    approval = models.OneToOneField(ApprovalRequest, on_delete=models.CASCADE, related_name="slack_message")
+    connection = models.ForeignKey(SlackConnection, on_delete=models.CASCADE, related_name="messages")
+    channel = models.CharField(max_length=100, blank=True, help_text="As Slack answered (an ID).")
+    ts = models.CharField(max_length=32, blank=True, help_text="Slack's id of the message; empty: not posted.")
+    shown_state = models.CharField(max_length=16, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = SlackMessageQuerySet.as_manager()
+
+    LEASE = timedelta(seconds=60)
+
+    def __str__(self) -> str:
+        return f"Slack message of {self.approval_id} ({self.ts or 'not posted'})"
+
+    def claim(self) -> bool:
+        """Hold the row for one sync (two tasks for one message never post it twice)."""
+        now = timezone.now()
+        return SlackMessage.objects.filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - self.LEASE),
+                                           pk=self.pk).update(claimed_at=now) == 1

@@ -186,3 +186,13 @@ class GrantBodyDict(TypedDict):
 
 class GrantListDict(TypedDict):
     grants: list[GrantDict]
+
+
+class SlackDict(TypedDict):
+    """The org's Slack connection as anyone may read it: never the token or the secret."""
+
+    connected: bool
+    channel: str | None
+    active: bool
+    bot_token_hint: str | None
+    interactions_url: str | None

@@ -12,5 +12,6 @@ router.register("grants", api.GrantViewSet, basename="grant")
 
 urlpatterns = [
     path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),
+    path("org/slack", api.SlackView.as_view(), name="org-slack"),
     *router.urls,
 ]
