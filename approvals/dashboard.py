@@ -19,6 +19,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast, Coalesce, Substr, TruncDate
 from django.http import QueryDict
@@ -26,7 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook
+from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects import claims
@@ -702,9 +703,12 @@ def duration(seconds: int) -> dict[str, int]:
 
 
 def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
-    """The org's settings; its webhooks for admins only (their URLs are sensitive). One query."""
+    """The org's settings; its webhooks for admins only (their URLs are sensitive); its Slack
+    connection (never the secrets). Two queries."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
-    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks,
+    slack = SlackConnection.objects.filter(org=org).first()
+    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks, "slack": slack,
+            "slack_url": f"{settings.UNDOLOG_PUBLIC_URL}/slack/interactions/{slack.pk}" if slack else "",
             "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
             "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
 

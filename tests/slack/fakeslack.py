@@ -91,7 +91,11 @@ class FakeSlack:
                 self.end_headers()
                 self.wfile.write(answer)
 
-            do_GET = do_POST = _serve
+            def do_GET(self) -> None:
+                self._serve()
+
+            def do_POST(self) -> None:
+                self._serve()
 
             def log_message(self, *args) -> None:
                 pass

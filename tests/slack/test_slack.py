@@ -231,3 +231,26 @@ def test_an_explicit_link_needs_no_email_and_another_orgs_request_is_404(acme, o
     assert fake_slack.called("users.info") == []
     again = press(client, row.pk, button(approval, "undolog_approve", "U0LINKED"))
     assert again.status_code == 409 and again.json()["error"] == "already_decided"
+
+
+def test_the_admin_and_the_settings_page_take_the_secrets_and_never_show_them(acme, client):
+    from django.contrib.auth import get_user_model
+
+    staff = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(staff)
+    added = client.post("/admin/approvals/slackconnection/add/", {
+        "org": acme.org.pk, "channel": "C0ADMIN", "active": "on", "bot_token": BOT_TOKEN,
+        "signing_secret": SIGNING_SECRET})
+    assert added.status_code == 302, added.content.decode()[:2000]
+    row = SlackConnection.objects.get()
+    assert (row.bot_token, row.signing_secret) == (BOT_TOKEN, SIGNING_SECRET)
+    change = client.get(f"/admin/approvals/slackconnection/{row.pk}/change/").content.decode()
+    assert BOT_TOKEN not in change and SIGNING_SECRET not in change and row.sealed_bot_token not in change
+    client.post(f"/admin/approvals/slackconnection/{row.pk}/change/", {
+        "org": acme.org.pk, "channel": "C0NEW", "active": "on", "bot_token": "", "signing_secret": ""})
+    row.refresh_from_db()
+    assert (row.channel, row.bot_token) == ("C0NEW", BOT_TOKEN)  # blank: unchanged
+
+    client.force_login(acme.admin.user)
+    page = client.get("/settings/").content.decode()
+    assert "C0NEW" in page and f"/slack/interactions/{row.pk}" in page and BOT_TOKEN not in page
