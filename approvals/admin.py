@@ -1,6 +1,18 @@
+from django import forms
 from django.contrib import admin
 
-from approvals.models import ApprovalRequest, DeliveryAttempt, OrgWebhook, Rule, RuleChange, WebhookDelivery
+from approvals.models import (
+    ApprovalRequest,
+    DeliveryAttempt,
+    Grant,
+    OrgWebhook,
+    Rule,
+    RuleChange,
+    SlackConnection,
+    SlackMessage,
+    SlackUserLink,
+    WebhookDelivery,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -78,3 +90,54 @@ class RuleChangeAdmin(ReadOnlyAdmin):
     list_display = ["created", "org", "rule_name", "action", "actor", "changes"]
     list_filter = ["action", "org"]
     search_fields = ["rule_name", "actor"]
+@admin.register(Grant)
+class GrantAdmin(ReadOnlyAdmin):
+    """Issued and revoked by reviewers (dashboard, API); read here."""
+
+    list_display = ["tool_name", "agent", "session", "expires_at", "created_by_label", "revoked_at", "org", "created"]
+    list_filter = ["org"]
+    search_fields = ["tool_name", "agent__name", "id"]
+    readonly_fields = [f.name for f in Grant._meta.fields]
+
+
+class SlackConnectionForm(forms.ModelForm):
+    """The secrets are write-only: blank keeps what is stored, and nothing stored is ever shown."""
+
+    bot_token = forms.CharField(required=False, widget=forms.PasswordInput, help_text="xoxb-…; blank: unchanged.")
+    signing_secret = forms.CharField(required=False, widget=forms.PasswordInput, help_text="Blank: unchanged.")
+
+    class Meta:
+        model = SlackConnection
+        fields = ["org", "channel", "active"]
+
+    def clean(self):
+        data = super().clean()
+        if self.instance._state.adding and not (data.get("bot_token") and data.get("signing_secret")):
+            raise forms.ValidationError("Connecting Slack takes the bot token and the signing secret.")
+        return data
+
+    def save(self, commit: bool = True):
+        self.instance.set_secrets(self.cleaned_data.get("bot_token"), self.cleaned_data.get("signing_secret"))
+        return super().save(commit)
+
+
+@admin.register(SlackConnection)
+class SlackConnectionAdmin(admin.ModelAdmin):
+    form = SlackConnectionForm
+    list_display = ["org", "channel", "bot_token_hint", "active", "updated"]
+    readonly_fields = ["bot_token_hint", "created"]
+
+
+@admin.register(SlackUserLink)
+class SlackUserLinkAdmin(admin.ModelAdmin):
+    """An explicit link: this Slack user is this person (no verified email needed)."""
+
+    list_display = ["slack_user", "user", "org", "learned", "created"]
+    list_filter = ["learned", "org"]
+    search_fields = ["slack_user", "user__username", "user__email"]
+
+
+@admin.register(SlackMessage)
+class SlackMessageAdmin(ReadOnlyAdmin):
+    list_display = ["approval", "channel", "ts", "shown_state", "attempts", "last_error", "created"]
+    readonly_fields = [f.name for f in SlackMessage._meta.fields]

@@ -18,14 +18,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import events, shapes
-from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from core.outbound import check_target
 from core.schema import errors, ok
-from effects.models import EffectTransition
+from effects.models import EffectTransition, Session, Tool
 from orgs.auth import IsAdmin, IsMember, IsReviewer
-from orgs.models import validate_time_zone
+from orgs.models import Agent, validate_time_zone
 from orgs.views import OrgScopedAPIView, OrgScopedViewSet
-from undolog_site.errors import Invalid
+from undolog_site.errors import DomainError, Invalid
 from undolog_site.validation import StrictSerializer, validated
 
 MAX_WEBHOOKS_PER_ORG = 20
@@ -48,10 +48,25 @@ class ApproveSerializer(StrictSerializer):
     args_digest = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, allow_blank=True, default="",
                                          error_messages={"invalid": "Must be the request's args_digest "
                                                                     "(64 lowercase hex characters)."})
+    # Edit before approving: the call runs with these instead (checked by the model verb, so the
+    # dashboard and Slack get the same limits).
+    args = serializers.JSONField(required=False, default=None)
 
 
 class RejectSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=2000)
+
+
+MAX_BATCH = 100
+
+
+class BatchSerializer(StrictSerializer):
+    ids = serializers.ListField(child=serializers.UUIDField(), min_length=1, max_length=MAX_BATCH)
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    # Each id's digest as the reviewer saw it (optional): a request whose args differ is refused alone.
+    args_digests = serializers.DictField(child=serializers.RegexField(r"^[0-9a-f]{64}$"), required=False,
+                                         default=dict)
 
 
 class ExtendSerializer(StrictSerializer):
@@ -87,11 +102,12 @@ def _seconds_left(approval: ApprovalRequest) -> int | None:
     return max(0, int((approval.timeout_at - timezone.now()).total_seconds()))
 
 
-DECISION_ERRORS = errors(403, 404, 409, codes={
+DECISION_ERRORS = errors(400, 403, 404, 409, codes={
+    400: ["invalid"],
     403: ["run_starter_cannot_approve"],
     404: ["approval_not_found"],
     409: ["already_decided", "deadline_passed", "args_digest_mismatch", "session_not_awaiting_approval",
-          "already_approved_by_you"]})
+          "already_approved_by_you", "edit_needs_single_approver"]})
 
 
 class ApprovalViewSet(OrgScopedViewSet):
@@ -101,7 +117,7 @@ class ApprovalViewSet(OrgScopedViewSet):
     not_found = ("approval_not_found", "No such approval request.")
 
     def get_permissions(self):
-        if self.action in ("approve", "reject", "extend"):
+        if self.action in ("approve", "reject", "extend", "batch"):
             return [IsReviewer()]
         return [IsMember()]
 
@@ -132,12 +148,15 @@ class ApprovalViewSet(OrgScopedViewSet):
                    responses={**ok(shapes.ApprovalBodyDict), **DECISION_ERRORS},
                    examples=[OpenApiExample("approve", request_only=True, value={
                        "reason": "Checked: the account is a test account.",
-                       "args_digest": "3f7a" * 16})])
+                       "args_digest": "3f7a" * 16}),
+                       OpenApiExample("approve edited args", request_only=True, value={
+                           "reason": "Capped the refund at the order's total.", "args_digest": "3f7a" * 16,
+                           "args": {"order": "A-1001", "amount": 40}})])
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str) -> Response:
         data = validated(ApproveSerializer, request.data)
         approval = self.get_object()
-        approval.approve(self.caller.user, data["reason"].strip(), data["args_digest"] or None)
+        approval.approve(self.caller.user, data["reason"].strip(), data["args_digest"] or None, args=data["args"])
         return Response({"approval": approval_detail(self.get_object())})
 
     @extend_schema(summary="Reject (and optionally roll the run back)", tags=["approvals"], request=RejectSerializer,
@@ -161,6 +180,37 @@ class ApprovalViewSet(OrgScopedViewSet):
         approval.extend(data["minutes"], by=self.caller.user)
         return Response({"approval": approval_detail(self.get_object())})
 
+    @extend_schema(summary="Approve or reject several requests, each on its own", tags=["approvals"],
+                   request=BatchSerializer, responses={**ok(shapes.BatchResultDict), **errors(400)},
+                   examples=[OpenApiExample("batch", request_only=True, value={
+                       "ids": ["0b1e…", "5c2d…"], "decision": "reject", "reason": "Not during the freeze."})])
+    @action(detail=False, methods=["post"])
+    def batch(self, request: Request) -> Response:
+        """Each request is decided in its own transaction, bound to its own digest: one that was
+        decided meanwhile (or whose args changed) is reported in its row, the others still go."""
+        data = validated(BatchSerializer, request.data)
+        if data["decision"] == "reject" and not data["reason"].strip():
+            raise Invalid({"reason": "A reason is required to reject (each agent is told it)."},
+                          "A reason is required to reject.")
+        found = {a.pk: a for a in self.get_queryset().filter(pk__in=data["ids"])}
+        results = [self._decide_one(found.get(pk), pk, data) for pk in dict.fromkeys(data["ids"])]
+        return Response({"decision": data["decision"], "results": results,
+                         "decided": sum(r["ok"] for r in results), "failed": sum(not r["ok"] for r in results)})
+
+    def _decide_one(self, approval: ApprovalRequest | None, pk, data: dict) -> dict[str, Any]:
+        if approval is None:
+            return {"id": str(pk), "ok": False, "error": "approval_not_found", "message": "No such approval request."}
+        try:
+            if data["decision"] == "approve":
+                digest = data["args_digests"].get(str(pk)) or approval.args_digest
+                approval.approve(self.caller.user, data["reason"].strip(), digest)
+            else:
+                approval.reject(self.caller.user, data["reason"])
+        except DomainError as exc:
+            return {"id": str(pk), "ok": False, "error": exc.code, "message": exc.message}
+        return {"id": str(pk), "ok": True, "state": approval.state, "decided_args_digest":
+                approval.decided_args_digest or None}
+
     @extend_schema(summary="Approval stats of the last 7 days", tags=["approvals"],
                    responses=ok(shapes.ApprovalStatsDict))
     @action(detail=False, methods=["get"])
@@ -177,6 +227,66 @@ def _limit(request: Request) -> int:
     if not 1 <= limit <= 500:
         raise Invalid({"limit": "Must be a whole number from 1 to 500."}, "limit must be from 1 to 500.")
     return limit
+
+
+# ---------------------------------------------------------------- grants
+
+
+class GrantSerializer(StrictSerializer):
+    agent = serializers.CharField(max_length=200)
+    tool = serializers.CharField(max_length=200)
+    session = serializers.UUIDField(required=False, default=None)
+    minutes = serializers.IntegerField(min_value=1, max_value=MAX_GRANT_MINUTES, required=False, default=None)
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class GrantViewSet(OrgScopedViewSet):
+    """Standing approvals of one tool for one agent (a run, or some minutes): listed, issued and
+    revoked by reviewers. The intercept consults them only for calls that would wait for a person."""
+
+    queryset = Grant.objects.select_related("agent")
+    not_found = ("grant_not_found", "No such grant.")
+
+    def get_permissions(self):
+        return [IsMember()] if self.action == "list" else [IsReviewer()]
+
+    @extend_schema(operation_id="v1_grants_list", summary="The org's grants, newest first", tags=["grants"],
+                   parameters=[OpenApiParameter("live", bool, description="Only grants in force now.")],
+                   responses=ok(shapes.GrantListDict))
+    def list(self, request: Request) -> Response:
+        grants = self.get_queryset().live() if flag(request, "live") else self.get_queryset()
+        return Response({"grants": [g.as_dict() for g in grants[:200]]})
+
+    @extend_schema(summary="Issue a grant: this tool for this agent, for a run or for some minutes",
+                   tags=["grants"], request=GrantSerializer,
+                   responses={**ok(shapes.GrantBodyDict, 201), **errors(400)},
+                   examples=[OpenApiExample("for 30 minutes", request_only=True,
+                                            value={"agent": "cleanup", "tool": "delete_account", "minutes": 30}),
+                             OpenApiExample("for the rest of a run", request_only=True,
+                                            value={"agent": "cleanup", "tool": "delete_account",
+                                                   "session": "6f1c9b2e-0d3a-4c55-9a51-2f3e1d0c7b8a"})])
+    def create(self, request: Request) -> Response:
+        data = validated(GrantSerializer, request.data)
+        org = self.org
+        agent = Agent.objects.for_org(org).filter(name=data["agent"]).first()
+        if agent is None:
+            raise Invalid({"agent": "No agent of this name in your organization."}, "No such agent.")
+        if not Tool.objects.for_org(org).filter(name=data["tool"]).exists():
+            raise Invalid({"tool": "No tool of this name is registered in your organization."}, "No such tool.")
+        session = None
+        if data["session"] is not None:
+            session = Session.objects.filter(pk=data["session"], agent=agent).first()
+            if session is None:
+                raise Invalid({"session": "No run of this agent with this id."}, "No such run of this agent.")
+        grant = Grant.issue(org, agent, data["tool"], self.caller.user, session=session, minutes=data["minutes"],
+                            reason=data["reason"].strip())
+        return Response({"grant": grant.as_dict()}, status=201)
+
+    @extend_schema(summary="Revoke a grant (the row stays: past decisions name it)", tags=["grants"],
+                   responses={204: None, **errors(404, 409, codes={404: ["grant_not_found"], 409: ["grant_revoked"]})})
+    def destroy(self, request: Request, pk: str) -> Response:
+        self.get_object().revoke(self.caller.user)
+        return Response(status=204)
 
 
 # ---------------------------------------------------------------- org settings
@@ -233,6 +343,67 @@ class OrgSettingsView(OrgScopedAPIView):
         if data:
             org.save(update_fields=list(data))
         return Response(settings_dict(org))
+
+
+# ---------------------------------------------------------------- Slack
+
+
+class SlackSerializer(StrictSerializer):
+    # Write-only: stored sealed, never returned (only the token's last four characters).
+    bot_token = serializers.RegexField(r"^xox[a-z]-[A-Za-z0-9-]{8,250}$", required=False, write_only=True,
+                                       error_messages={"invalid": "Must be the app's bot token (xoxb-…)."})
+    signing_secret = serializers.RegexField(r"^[0-9a-f]{16,128}$", required=False, write_only=True,
+                                            error_messages={"invalid": "Must be the app's signing secret (hex)."})
+    channel = serializers.RegexField(r"^[#A-Za-z0-9._-]{1,100}$", required=False,
+                                     error_messages={"invalid": "Must be a channel ID (C0123…) or name."})
+    active = serializers.BooleanField(required=False)
+
+
+def slack_dict(connection: SlackConnection | None, request: Request) -> dict[str, Any]:
+    if connection is None:
+        return {"connected": False, "channel": None, "active": False, "bot_token_hint": None,
+                "interactions_url": None}
+    return {"connected": True, "channel": connection.channel, "active": connection.active,
+            "bot_token_hint": connection.bot_token_hint,
+            "interactions_url": request.build_absolute_uri(f"/slack/interactions/{connection.pk}")}
+
+
+class SlackView(OrgScopedAPIView):
+    """The org's Slack app (admins): connect with a bot token, signing secret and channel; the
+    secrets are write-only. New approval requests then go to the channel with Approve / Reject."""
+
+    permission_classes = [IsAdmin]
+
+    @extend_schema(summary="Read the org's Slack connection (never its secrets)", tags=["org"],
+                   responses=ok(shapes.SlackDict))
+    def get(self, request: Request) -> Response:
+        return Response(slack_dict(SlackConnection.objects.filter(org=self.org).first(), request))
+
+    @extend_schema(summary="Connect or change the org's Slack app", tags=["org"], request=SlackSerializer,
+                   responses={**ok(shapes.SlackDict), **errors(400)},
+                   examples=[OpenApiExample("connect", request_only=True, value={
+                       "bot_token": "xoxb-1234-5678-abcdefgh", "signing_secret": "8f742231b10e8888abcd990000111a5",
+                       "channel": "C0123ABCDEF"})])
+    def put(self, request: Request) -> Response:
+        data = validated(SlackSerializer, request.data)
+        connection = SlackConnection.objects.filter(org=self.org).first() or SlackConnection(org=self.org)
+        if connection._state.adding:
+            missing = {name: "Required to connect Slack." for name in ("bot_token", "signing_secret", "channel")
+                       if not data.get(name)}
+            if missing:
+                raise Invalid(missing, "Connecting Slack takes the bot token, the signing secret and a channel.")
+        connection.set_secrets(data.get("bot_token"), data.get("signing_secret"))
+        for name in ("channel", "active"):
+            if name in data:
+                setattr(connection, name, data[name])
+        connection.updated = timezone.now()
+        connection.save()
+        return Response(slack_dict(connection, request))
+
+    @extend_schema(summary="Disconnect Slack (its secrets are deleted)", tags=["org"], responses={204: None})
+    def delete(self, request: Request) -> Response:
+        SlackConnection.objects.filter(org=self.org).delete()
+        return Response(status=204)
 
 
 # ---------------------------------------------------------------- org webhooks

@@ -123,6 +123,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def session_updated(self, message: dict) -> None:
         await self.forward(message)
 
+    async def grant_issued(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def grant_revoked(self, message: dict) -> None:
+        await self.forward(message)
+
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)

@@ -19,6 +19,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast, Coalesce, Substr, TruncDate
 from django.http import QueryDict
@@ -26,7 +27,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
-from approvals.models import EVENT_KINDS, ApprovalRequest, OrgWebhook
+from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
 from effects import claims
@@ -118,6 +119,7 @@ def incident(org: Organization) -> dict[str, Any] | None:
 # the standard library's html.escape rather than a template loop: Django's template engine takes
 # ~100 ms for 500 rows of a dozen variables each (format_html ~40 ms), html.escape a few.
 QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
+             '<td class="pick"><input type="checkbox" class="pick-row" value="{id}" aria-label="Select {tool}"></td>'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a> '
@@ -368,6 +370,8 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "session": approval.session,
         "risk_tags": [(tag, risk_class(tag)) for tag in approval.risk_tags or []],
         "args_json": json.dumps(approval.proposed_args, indent=2, sort_keys=True, ensure_ascii=False),
+        "approved_args_json": None if approval.effect.approved_args is None else
+        json.dumps(approval.effect.approved_args, indent=2, sort_keys=True, ensure_ascii=False),
         "calls": calls,
         "earlier_reasoning": earlier,
         "current_reasoning": current_reasoning,
@@ -375,6 +379,11 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "is_pending": approval.state == ApprovalRequest.State.PENDING,
         "next_pending": None if approval.state == ApprovalRequest.State.PENDING else next_pending(approval),
     }
+
+
+def grants_of(org: Organization, limit: int = 200) -> list[Grant]:
+    """The org's grants, newest first (live, expired and revoked: past decisions name them)."""
+    return list(Grant.objects.for_org(org).select_related("agent")[:limit])
 
 
 def next_pending(approval: ApprovalRequest) -> dict[str, Any] | None:
@@ -727,9 +736,12 @@ def duration(seconds: int) -> dict[str, int]:
 
 
 def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
-    """The org's settings; its webhooks for admins only (their URLs are sensitive). One query."""
+    """The org's settings; its webhooks for admins only (their URLs are sensitive); its Slack
+    connection (never the secrets). Two queries."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
-    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks,
+    slack = SlackConnection.objects.filter(org=org).first()
+    return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks, "slack": slack,
+            "slack_url": f"{settings.UNDOLOG_PUBLIC_URL}/slack/interactions/{slack.pk}" if slack else "",
             "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
             "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
 

@@ -14,4 +14,5 @@ urlpatterns = [
     path("compensation-failures/", views.compensation_failures, name="compensation-failures"),
     path("rules/", views.rules, name="rules"),
     path("settings/", views.org_settings, name="org-settings-page"),
+    path("grants/", views.grants, name="grants"),
 ]

@@ -81,6 +81,7 @@ class ApprovalPayload(TypedDict):
     estimated_impact: str
     proposed_args: dict[str, Any]
     args_digest: str
+    approved_args: dict[str, Any] | None
     agent_context: AgentContext
     timeout_at: str
     auto_approve_on_timeout: bool
@@ -111,7 +112,7 @@ def approval_payload(approval) -> ApprovalPayload:
         agent=approval.session.agent.name, session=str(approval.session_id), effect=str(approval.effect_id),
         step_index=effect.step_index, reason=approval.reason, risk_tags=approval.risk_tags,
         estimated_impact=approval.estimated_impact, proposed_args=approval.proposed_args,
-        args_digest=approval.args_digest, agent_context=approval.agent_context,
+        args_digest=approval.args_digest, approved_args=effect.approved_args, agent_context=approval.agent_context,
         timeout_at=approval.timeout_at.isoformat(), auto_approve_on_timeout=approval.auto_approve_on_timeout,
         executor=bool(effect.tool_id and effect.tool and effect.tool.executor_url),
         created=approval.created.isoformat(), decided_by=approval.decided_by_label or None,

@@ -17,13 +17,15 @@ from django.utils import timezone
 from approvals.rules import Rule, RuleChange  # noqa: F401 (models of this app, kept in their own module)
 from budgets.models import Refusal
 from core import retry
-from effects.models import Effect, Session, Tool, render_text
+from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
 from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Forbidden, Invalid
 
 TIMEOUT_LABEL = "timeout"
 RULE_PREFIX = "rule:"
+GRANT_PREFIX = "grant:"
 MAX_EXTEND_MINUTES = 7 * 24 * 60
+MAX_EDIT_DEPTH = 32
 
 
 class ApprovalRequestQuerySet(models.QuerySet):
@@ -61,6 +63,8 @@ class ApprovalRequestQuerySet(models.QuerySet):
                 count["auto_approved"] += state == ApprovalRequest.State.APPROVED
             elif label.startswith(RULE_PREFIX):
                 count["by_rule"] += 1  # decided at the intercept: no person waited, no time to decide
+            elif label.startswith(GRANT_PREFIX):
+                count["granted"] += 1  # decided at once: not a person's time to decide
             else:
                 waits.append((decided_at - created).total_seconds())
                 day["waits"].append(waits[-1])
@@ -74,6 +78,7 @@ class ApprovalRequestQuerySet(models.QuerySet):
             "approved": count["approved"],
             "auto_approved": count["auto_approved"],
             "decided_by_rule": count["by_rule"],
+            "granted": count["granted"],
             "rejected": count["rejected"],
             "expired": count["expired"],
             "approval_rate": round(count["approved"] / decided, 4) if decided else None,
@@ -211,7 +216,8 @@ class ApprovalRequest(models.Model):
         if approval is None:
             return None
         view = {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                "reason": approval.decision_reason or None, "decision": approval.decision}
+                "reason": approval.decision_reason or None, "decision": approval.decision,
+                "decided_args_digest": approval.decided_args_digest or None}
         return view, approval.caller_fields()
 
     def event_data(self) -> dict[str, Any]:
@@ -222,15 +228,20 @@ class ApprovalRequest(models.Model):
 
     # ------------------------------------------------------------ decisions
 
-    def approve(self, by=None, reason: str = "", args_digest: str | None = None, *, rule: str = "") -> None:
+    def approve(self, by=None, reason: str = "", args_digest: str | None = None,
+                args: dict[str, Any] | None = None, *, rule: str = "") -> None:
         """Approve the exact args shown (by=None: the deadline passed with auto-approve on, or
-        `rule`: an approval rule matched at the intercept).
+        `rule`: an approval rule matched at the intercept), or the reviewer's edit of them
+        (`args`): the edit is what runs.
 
         1. An approval is bound to args: a digest that is not the request's is 409.
         2. A person: not the one who started the run (403), and, with a quorum, counted once;
-           the request stays pending until `approvals_required` distinct people approved.
-        3. Guarded UPDATE pending → approved (the first decision wins).
-        4. Effect pending → approved; session awaiting_approval → running.
+           the request stays pending until `approvals_required` distinct people approved. An
+           edit needs a single approver (409 `edit_needs_single_approver`): the others would
+           have approved args they never saw.
+        3. Guarded UPDATE pending → approved (the first decision wins), bound to the digest of
+           what will run (the edit's, if any).
+        4. Effect pending → approved (with `approved_args`); session awaiting_approval → running.
         5. A tool with an executor gets its call queued as a delivery row (the worker runs it).
         6. `approval.decided` is recorded; fan-out happens after commit.
         """
@@ -238,6 +249,11 @@ class ApprovalRequest(models.Model):
             raise Conflict("The args changed since you looked: the digest you approved is not this "
                            "request's. Reload the request and decide again.",
                            code="args_digest_mismatch", args_digest=self.args_digest)
+        edited, digest = self._edit(args)
+        if edited is not None and self.approvals_required > 1:
+            raise Conflict(f"This request needs {self.approvals_required} approvers, and they must all approve "
+                           "the same args: approve it as proposed, or reject it and say what to change.",
+                           code="edit_needs_single_approver", approvals_required=self.approvals_required)
         label = f"{RULE_PREFIX}{rule}" if rule else _label(by)
         person = by is not None
         with transaction.atomic():
@@ -246,18 +262,47 @@ class ApprovalRequest(models.Model):
                 return  # counted; more reviewers must approve
             # A person approves before the deadline; after it, only the deadline decides.
             self._decide(self.State.APPROVED, by, label, reason, due_only=not person and not rule,
-                         before_deadline=person, decided_args_digest=self.args_digest, approvals=approvals)
-            effect, session = self._effect_and_session()
-            effect.approve(actor=label, reason=reason)
-            if not _release(session, session.resume_running, label, reason or "approved"):
-                # The run ended (failed, say) while it waited: nothing may run on its behalf.
-                raise Conflict(f"The session is {session.state}; this call can no longer run. "
-                               "Reject it or let it expire.", code="session_not_awaiting_approval",
-                               state=session.state)
+                         before_deadline=person, decided_args_digest=digest, approvals=approvals)
+            self._release_approved(label, reason, edited)
+
+    def approve_by_grant(self, grant: Grant, effect: Effect) -> None:
+        """Decided at once by a live grant, in the intercept's transaction (the session never
+        waits, so it stays running): recorded like any approval, as `grant:<id>`."""
+        label = grant.label
+        why = f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
+        with transaction.atomic():
+            self._decide(self.State.APPROVED, None, label, why, decided_args_digest=self.args_digest)
+            effect.approve(actor=label, reason=why)
             if effect.tool_id and effect.tool and effect.tool.executor_url:
                 WebhookDelivery.for_executor(effect, self)
-            Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
-                         **self.event_data())
+            Event.record(self.org, "approval.decided", agent=self.session.agent, session_id=self.session_id,
+                         grant=str(grant.pk), **self.event_data())
+
+    def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+        """Edit before approving: the edited args (None if unchanged) and the digest the decision
+        binds to. An edit equal to the proposal is no edit."""
+        if args is None:
+            return None, self.args_digest
+        problem = edited_args_problem(args)
+        if problem:
+            raise Invalid({"args": problem}, f"args: {problem}")
+        digest = sha256(canonical_json(args))
+        return (None, digest) if digest == self.args_digest else (args, digest)
+
+    def _release_approved(self, label: str, reason: str, edited: dict[str, Any] | None = None) -> None:
+        """After the guarded UPDATE to approved: effect approved, session running, executor
+        queued, `approval.decided` recorded (a person's, the deadline's or a grant's decision)."""
+        effect, session = self._effect_and_session()
+        effect.approve(actor=label, reason=reason, approved_args=edited)
+        if not _release(session, session.resume_running, label, reason or "approved"):
+            # The run ended (failed, say) while it waited: nothing may run on its behalf.
+            raise Conflict(f"The session is {session.state}; this call can no longer run. "
+                           "Reject it or let it expire.", code="session_not_awaiting_approval",
+                           state=session.state)
+        if effect.tool_id and effect.tool and effect.tool.executor_url:
+            WebhookDelivery.for_executor(effect, self)
+        Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
+                     **self.event_data())
 
     def _count_approval(self, by, reason: str) -> list[dict[str, str]] | None:
         """Quorum: one person's approval. The approvals so far with theirs added when that makes
@@ -398,6 +443,127 @@ class ApprovalRequest(models.Model):
                        message=f"DENIED: {self.decision_reason}")
 
 
+# ---------------------------------------------------------------- grants
+
+MAX_GRANT_MINUTES = 7 * 24 * 60
+
+
+class GrantQuerySet(models.QuerySet):
+    def for_org(self, org: Organization) -> GrantQuerySet:
+        return self.filter(org=org)
+
+    def live(self) -> GrantQuerySet:
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()), revoked_at__isnull=True)
+
+    def matching(self, agent_id: Any, tool_name: str, session_id: Any) -> GrantQuerySet:
+        """Live grants that decide this call (one indexed query: agent, tool)."""
+        return self.live().filter(Q(session__isnull=True) | Q(session_id=session_id),
+                                  agent_id=agent_id, tool_name=tool_name).order_by("created")
+
+
+class Grant(models.Model):
+    """A reviewer's standing approval of one tool for one agent: for the rest of one run
+    (`session`), or for `minutes` (`expires_at`). While it is live, an irreversible call it
+    matches is decided at once, as `grant:<id>`, after the budget check (a grant never lifts a cap).
+
+    Revoking is a guarded UPDATE (`revoked_at IS NULL`); the row stays, so past decisions keep
+    naming a grant one can read."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
+    agent = models.ForeignKey("orgs.Agent", on_delete=models.CASCADE, related_name="grants", editable=False)
+    tool_name = models.CharField(max_length=200, editable=False)
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                                editable=False, help_text="Only this run; empty: every run until it expires.")
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", editable=False)
+    created_by_label = models.CharField(max_length=200, editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by_label = models.CharField(max_length=200, blank=True)
+
+    objects = GrantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        # The intercept's one lookup (slow path only): agent and tool, then liveness.
+        indexes = [models.Index(fields=["agent", "tool_name"], name="grant_agent_tool")]
+
+    def __str__(self) -> str:
+        return f"grant of {self.tool_name} to {self.agent_id}"
+
+    @property
+    def label(self) -> str:
+        return f"grant:{self.pk}"
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+    @classmethod
+    def issue(cls, org: Organization, agent, tool_name: str, by, *, session: Session | None = None,
+              minutes: int | None = None, reason: str = "") -> Grant:
+        """A reviewer issues a grant: for `session` (the rest of that run) or for `minutes`."""
+        if (session is None) == (minutes is None):
+            raise Invalid({"session": "Give a session or minutes, not both."},
+                          "A grant is for the rest of one run (session) or for some minutes, not both.")
+        if minutes is not None and not 1 <= minutes <= MAX_GRANT_MINUTES:
+            raise Invalid({"minutes": f"Must be a whole number from 1 to {MAX_GRANT_MINUTES}."},
+                          f"minutes must be from 1 to {MAX_GRANT_MINUTES}.")
+        expires = timezone.now() + timedelta(minutes=minutes) if minutes is not None else None
+        with transaction.atomic():
+            grant = cls.objects.create(org=org, agent=agent, tool_name=tool_name, session=session,
+                                       expires_at=expires, created_by=by, created_by_label=_label(by),
+                                       reason=reason)
+            Event.record(org, "grant.issued", agent=agent, session_id=session.pk if session else None,
+                         **grant.event_data())
+        return grant
+
+    def revoke(self, by) -> None:
+        with transaction.atomic():
+            now = timezone.now()
+            if Grant.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+                    revoked_at=now, revoked_by_label=_label(by)) != 1:
+                raise Conflict("This grant was already revoked.", code="grant_revoked")
+            self.revoked_at, self.revoked_by_label = now, _label(by)
+            Event.record(self.org, "grant.revoked", agent=self.agent, session_id=self.session_id,
+                         **self.event_data())
+
+    def event_data(self) -> dict[str, Any]:
+        return {"grant": self.as_dict()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": str(self.id), "agent": self.agent.name, "tool": self.tool_name,
+                "session": str(self.session_id) if self.session_id else None,
+                "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+                "created_by": self.created_by_label, "reason": self.reason or None,
+                "created": self.created.isoformat(),
+                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+                "revoked_by": self.revoked_by_label or None, "live": self.live}
+
+
+def edited_args_problem(args: Any) -> str | None:
+    """What is wrong with a reviewer's edit of a call's args, or None: the same limits as an
+    intercepted call's args (an object, UNDOLOG_MAX_ARGS_BYTES), and a nesting limit so no
+    edit can make the agent's JSON parser recurse without end."""
+    if not isinstance(args, dict):
+        return "Must be a JSON object of the call's arguments."
+    if len(canonical_json(args).encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
+        return f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
+    if _depth(args) > MAX_EDIT_DEPTH:
+        return f"Must be nested at most {MAX_EDIT_DEPTH} levels deep."
+    return None
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_EDIT_DEPTH:
+        return level  # deep enough to refuse; stop walking
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children if isinstance(child, (dict, list))), default=level)
+
+
 def _label(by) -> str:
     return by.get_username() if by is not None else TIMEOUT_LABEL
 
@@ -431,7 +597,7 @@ EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended", "approval.counted",
     "rule.changed", "rule.observed",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
-    "incident.changed", "session.updated",
+    "incident.changed", "session.updated", "grant.issued", "grant.revoked",
 ]
 
 
@@ -560,7 +726,10 @@ class WebhookDelivery(models.Model):
             url=tool.executor_url, timeout_ms=tool.executor_timeout_ms,
             max_attempts=settings.UNDOLOG_EXECUTOR_MAX_ATTEMPTS,
             body={"effect_id": str(effect.id), "session_id": str(effect.session_id), "tool": effect.tool_name,
-                  "args": effect.args, "args_digest": effect.args_digest, "step_index": effect.step_index,
+                  # What the reviewer approved runs: their edit if they made one (the digest is the
+                  # decision's); the agent's proposal is kept beside it.
+                  "args": effect.args_to_run, "args_digest": approval.decided_args_digest or effect.args_digest,
+                  "proposed_args": effect.args, "step_index": effect.step_index,
                   "approval": {"id": str(approval.id), "decided_by": approval.decided_by_label,
                                "reason": approval.decision_reason or None}},
         )
@@ -638,3 +807,115 @@ class DeliveryAttempt(models.Model):
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "started_at": self.started_at.isoformat(), "duration_ms": self.duration_ms,
                 "ok": self.ok, "status_code": self.status_code, "error": self.error or None}
+
+
+# ---------------------------------------------------------------- Slack
+
+
+def _fernet():
+    """The key that seals Slack secrets at rest: derived from SECRET_KEY (rotating SECRET_KEY
+    means connecting Slack again; the secrets are never shown, so nothing else is lost)."""
+    import base64
+    import hashlib
+
+    from cryptography.fernet import Fernet
+
+    digest = hashlib.sha256(f"undolog.slack:{settings.SECRET_KEY}".encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def seal(value: str) -> str:
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def unseal(value: str) -> str:
+    return _fernet().decrypt(value.encode()).decode() if value else ""
+
+
+class SlackConnection(models.Model):
+    """An org's Slack app: its bot token and signing secret (sealed, write-only: never shown
+    again, only their last four characters), and the channel new approval requests go to."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    org = models.OneToOneField(Organization, on_delete=models.CASCADE, related_name="slack")
+    sealed_bot_token = models.TextField(editable=False)
+    sealed_signing_secret = models.TextField(editable=False)
+    bot_token_hint = models.CharField(max_length=8, editable=False)
+    channel = models.CharField(max_length=100, help_text="The channel's ID (C0123…) or name.")
+    active = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "Slack connection"
+
+    def __str__(self) -> str:
+        return f"Slack of {self.org} → {self.channel}"
+
+    def set_secrets(self, bot_token: str | None = None, signing_secret: str | None = None) -> None:
+        if bot_token:
+            self.sealed_bot_token, self.bot_token_hint = seal(bot_token), "…" + bot_token[-4:]
+        if signing_secret:
+            self.sealed_signing_secret = seal(signing_secret)
+
+    @property
+    def bot_token(self) -> str:
+        return unseal(self.sealed_bot_token)
+
+    @property
+    def signing_secret(self) -> str:
+        return unseal(self.sealed_signing_secret)
+
+
+class SlackUserLink(models.Model):
+    """Who a Slack user is here: set by an admin, or learned from a verified email the first
+    time that user pressed a button (users.info), so the next press needs no call to Slack."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    slack_user = models.CharField(max_length=32)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    learned = models.BooleanField(default=False, help_text="Learned from the Slack user's verified email.")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org", "slack_user"], name="one_link_per_slack_user")]
+
+    def __str__(self) -> str:
+        return f"{self.slack_user} → {self.user}"
+
+
+class SlackMessageQuerySet(models.QuerySet):
+    def unsynced(self) -> SlackMessageQuerySet:
+        """Not yet posted, or showing a state the request has left; attempts left."""
+        return self.filter(~Q(shown_state=F("approval__state")) | Q(ts=""),
+                           attempts__lt=settings.UNDOLOG_SLACK_MAX_ATTEMPTS)
+
+
+class SlackMessage(models.Model):
+    """The Slack message of one approval request. The row is the truth: the worker posts it
+    (`ts` empty) and updates it whenever the request's state is not what it shows
+    (`shown_state`); a lost task only delays it (the sweep sends it again)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    approval = models.OneToOneField(ApprovalRequest, on_delete=models.CASCADE, related_name="slack_message")
+    connection = models.ForeignKey(SlackConnection, on_delete=models.CASCADE, related_name="messages")
+    channel = models.CharField(max_length=100, blank=True, help_text="As Slack answered (an ID).")
+    ts = models.CharField(max_length=32, blank=True, help_text="Slack's id of the message; empty: not posted.")
+    shown_state = models.CharField(max_length=16, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = SlackMessageQuerySet.as_manager()
+
+    LEASE = timedelta(seconds=60)
+
+    def __str__(self) -> str:
+        return f"Slack message of {self.approval_id} ({self.ts or 'not posted'})"
+
+    def claim(self) -> bool:
+        """Hold the row for one sync (two tasks for one message never post it twice)."""
+        now = timezone.now()
+        return SlackMessage.objects.filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - self.LEASE),
+                                           pk=self.pk).update(claimed_at=now) == 1

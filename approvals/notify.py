@@ -11,7 +11,7 @@ from django.db import transaction
 from django.dispatch import receiver
 
 from approvals import events
-from approvals.models import ApprovalRequest, OrgWebhook, WebhookDelivery
+from approvals.models import ApprovalRequest, OrgWebhook, SlackConnection, WebhookDelivery
 from orgs.models import Event, Membership, event_recorded
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ def fan_out(sender, event: Event, **kwargs) -> None:
     1. build the typed payload once;
     2. publish it to the org's Channels group (dashboards, within a second);
     3. write one delivery row per subscribed webhook and enqueue each (the row survives a lost message);
-    4. enqueue the email to the org's reviewers if the org wants email for this kind.
+    4. an approval event of an org with Slack: the worker posts or updates its message;
+    5. enqueue the email to the org's reviewers if the org wants email for this kind.
 
     Runs in the request (or task) that recorded the event, after its commit: a failure here
     is logged and never turns a committed decision into an error.
@@ -49,6 +50,10 @@ def fan_out(sender, event: Event, **kwargs) -> None:
         queue_webhooks(event, payload)
     except Exception:
         log.exception("could not queue webhooks for event %s", event.pk)
+    try:
+        queue_slack(event)
+    except Exception:
+        log.exception("could not queue the Slack message for event %s", event.pk)
     try:
         if event.kind in EMAIL_KINDS and event.org.email_notifications:
             from approvals import tasks
@@ -74,6 +79,20 @@ def queue_webhooks(event: Event, payload: events.EventPayload) -> list[WebhookDe
         for row in rows:
             row.enqueue_after_commit()
     return rows
+
+
+SLACK_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired"})
+
+
+def queue_slack(event: Event) -> bool:
+    """One indexed query (the org's Slack connection), and only for approval events: the post
+    itself is the worker's, never this request's."""
+    if event.kind not in SLACK_KINDS or not SlackConnection.objects.filter(org_id=event.org_id, active=True).exists():
+        return False
+    from approvals import tasks
+
+    tasks.slack_event.delay(str(event.pk))
+    return True
 
 
 def reviewers_emails(org_id) -> list[str]:

@@ -4,7 +4,7 @@ schema documents (`core.schema.shape`). The websocket's approval payload is
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from approvals.events import AgentContext, ApprovalByDict, RuleObservationDict
 from effects.shapes import TransitionDict
@@ -26,6 +26,7 @@ class ApprovalItemDict(TypedDict):
     estimated_impact: str
     proposed_args: dict[str, Any]
     args_digest: str
+    approved_args: dict[str, Any] | None
     timeout_at: str
     auto_approve_on_timeout: bool
     executor: bool
@@ -81,6 +82,7 @@ class ApprovalStatsDict(TypedDict):
     approved: int
     auto_approved: int
     decided_by_rule: int
+    granted: int
     rejected: int
     expired: int
     approval_rate: float | None
@@ -232,3 +234,51 @@ class RuleTrialDict(TypedDict):
     counts: TrialCountsDict
     examples: TrialExamplesDict
     note: str
+class BatchRowDict(TypedDict):
+    """One request's outcome in a batch: decided, or why not (the error code of its own decision)."""
+
+    id: str
+    ok: bool
+    state: NotRequired[str]
+    decided_args_digest: NotRequired[str | None]
+    error: NotRequired[str]
+    message: NotRequired[str]
+
+
+class BatchResultDict(TypedDict):
+    decision: str
+    results: list[BatchRowDict]
+    decided: int
+    failed: int
+
+
+class GrantDict(TypedDict):
+    id: str
+    agent: str
+    tool: str
+    session: str | None
+    expires_at: str | None
+    created_by: str
+    reason: str | None
+    created: str
+    revoked_at: str | None
+    revoked_by: str | None
+    live: bool
+
+
+class GrantBodyDict(TypedDict):
+    grant: GrantDict
+
+
+class GrantListDict(TypedDict):
+    grants: list[GrantDict]
+
+
+class SlackDict(TypedDict):
+    """The org's Slack connection as anyone may read it: never the token or the secret."""
+
+    connected: bool
+    channel: str | None
+    active: bool
+    bot_token_hint: str | None
+    interactions_url: str | None

@@ -11,9 +11,10 @@ import logging
 from datetime import timedelta
 
 from celery import shared_task
+from django.utils import timezone
 
-from approvals import delivery, notify
-from approvals.models import ApprovalRequest, WebhookDelivery
+from approvals import delivery, notify, slack
+from approvals.models import ApprovalRequest, SlackMessage, WebhookDelivery
 from orgs.models import Event
 from undolog_site.errors import Conflict
 
@@ -59,3 +60,26 @@ def sweep_deliveries() -> int:
 def email_event(event_id: str) -> int:
     event = Event.objects.select_related("org", "agent").filter(pk=event_id).first()
     return notify.email(event) if event is not None else 0
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def slack_event(event_id: str) -> str:
+    """An approval event of an org with Slack: its message row (once), then post or update."""
+    event = Event.objects.filter(pk=event_id).first()
+    row = slack.on_event(event) if event is not None else None
+    return slack.sync(row.pk) if row is not None else "no message"
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def sync_slack(message_id: str) -> str:
+    return slack.sync(message_id)
+
+
+@shared_task(ignore_result=True)
+def sweep_slack() -> int:
+    """Messages not posted, or showing a state their request has left (a lost task, Slack down)."""
+    ids = list(SlackMessage.objects.unsynced().filter(created__lte=timezone.now() - LOST_MESSAGE_GRACE)
+               .values_list("pk", flat=True)[:SWEEP_BATCH])
+    for pk in ids:
+        sync_slack.delay(str(pk))
+    return len(ids)

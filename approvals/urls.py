@@ -9,8 +9,10 @@ router = SimpleRouter(trailing_slash=False)
 router.register("approvals", api.ApprovalViewSet, basename="approval")
 router.register("webhooks", api.WebhookViewSet, basename="webhook")
 router.register("rules", rules_api.RuleViewSet, basename="rule")
+router.register("grants", api.GrantViewSet, basename="grant")
 
 urlpatterns = [
     path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),
+    path("org/slack", api.SlackView.as_view(), name="org-slack"),
     *router.urls,
 ]

@@ -151,3 +151,9 @@ def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
 @member_page
 def rules(request: HttpRequest, membership: Membership) -> HttpResponse:
     return page(request, membership, "approvals/rules.html", rules_page.rules_context(membership.org))
+
+
+@require_GET
+@member_page
+def grants(request: HttpRequest, membership: Membership) -> HttpResponse:
+    return page(request, membership, "approvals/grants.html", {"grants": dashboard.grants_of(membership.org)})

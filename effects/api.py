@@ -399,7 +399,8 @@ class SessionViewSet(OrgScopedViewSet):
         description="Every call that changes something goes through here first: a compensable call is "
                     "logged with its undo entry (201 execute), an irreversible one waits for a reviewer (202 "
                     "await_approval), a call seen before replays (200), a call over the budget is refused (429).",
-        responses={**ok(shapes.InterceptDict, 201, "execute: run the tool, then commit the effect."),
+        responses={**ok(shapes.InterceptDict, 201, "execute: run the tool, then commit the effect. approved: a "
+                                "grant decided it; claim it (/start), run it, commit it."),
                    **ok(shapes.InterceptDict, 202, "await_approval: poll the effect until it is decided."),
                    **ok(shapes.InterceptDict, 200, "replay: the same call again; its recorded outcome."),
                    **ok(shapes.InterceptDict, 429, "refused by the budget (or the incident switch).",

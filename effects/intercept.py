@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from approvals import notify, rules
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
 from effects.models import (
@@ -167,7 +167,8 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     5. Budget first: a call over a limit is refused, recorded, and not counted.
     6. Compensable: effect `executing` and its undo entry, before the answer goes out.
     7. Irreversible: the org's rules decide first (approve, deny, or how many must approve),
-       then effect `pending`, its approval request, session `awaiting_approval` (`_ask`).
+       then effect `pending`, its approval request, session `awaiting_approval` (`_ask`);
+       unless a reviewer's live grant covers it: decided at once, the session keeps running.
     """
     session = _lock_session(agent, session_id)
     names = {call.tool} | {safe.tool for safe in call.safe_calls}
@@ -204,10 +205,11 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
     2. deny: the effect is rejected by the rule, a refusal of kind `rule` is recorded, the run
        goes on (the agent is told why, with the rule's name); the call stays counted, like a
        person's rejection, and a resubmission replays the refusal.
-    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for;
-       session `awaiting_approval`.
-    4. approve: decided at once by the rule, exactly like a person's decision
-       (`decided_by = "rule:<name>"`); reviewers are not asked.
+    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for.
+    4. A live grant (a single approver asked, no approving rule) decides it at once as
+       `grant:<id>`; the session keeps running.
+    5. Else session `awaiting_approval`; approve: decided at once by the rule, exactly like a
+       person's decision (`decided_by = "rule:<name>"`); reviewers are not asked.
     """
     verdict = rules.decide(agent.org, agent, session, tool, call.args)
     rule = verdict.rule
@@ -221,6 +223,12 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
                                         approvals_required=required, rule=rule.name if rule else "",
                                         observations=verdict.observations())
+    # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
+    # stands in for a quorum of several people.
+    if required == 1 and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
+        granted = _granted(agent, session, tool, effect, approval)
+        if granted is not None:
+            return granted
     session.await_approval(actor=f"agent:{agent.name}")
     if rule is not None and rule.outcome == rules.Rule.Outcome.APPROVE:
         approval.approve(rule=rule.name, reason=rule.message or f"Approved by rule {rule.name}.")
@@ -264,6 +272,19 @@ def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
     return {"decision": "refused", "kind": "rule", "rule": rule, "message": refusal.message,
             "refusal": str(refusal.id), "effect": {**effect.as_dict(), "decision": "rejected",
                                                    "reason": refusal.reason}}
+
+
+def _granted(agent: Agent, session: Session, tool: Tool, effect: Effect, approval: ApprovalRequest) -> Answer | None:
+    """A live grant of this tool to this agent (for this run, or for a while) decides the call at
+    once. Only calls that would otherwise wait for a person pay this one indexed query."""
+    grant = Grant.objects.matching(agent.pk, tool.name, session.pk).first()
+    if grant is None:
+        return None
+    approval.approve_by_grant(grant, effect)
+    view, fields = approval.summary(), approval.caller_fields()
+    view.update(decided_by=approval.decided_by_label, decision=approval.decision,
+                reason=approval.decision_reason, decided_args_digest=approval.decided_args_digest)
+    return Answer(201, {"decision": "approved", "effect": {**effect.as_dict(), **fields}, "approval": view})
 
 
 def _lock_session(agent: Agent, session_id: Any) -> Session:

@@ -477,6 +477,9 @@ class Effect(models.Model):
     idempotency_key = models.CharField(max_length=200, blank=True, editable=False)
     args = models.JSONField(default=dict, editable=False)
     args_digest = models.CharField(max_length=64, editable=False)
+    # A reviewer who edited the args before approving: what the agent must run (`args` stays
+    # what it proposed). Null: run `args`.
+    approved_args = models.JSONField(null=True, blank=True, editable=False)
     reasoning = models.TextField(blank=True, editable=False)
     state = models.CharField(max_length=24, choices=State.choices)  # indexed in Meta (no LIKE index)
     result = models.JSONField(null=True, blank=True)
@@ -511,6 +514,7 @@ class Effect(models.Model):
             "step_index": self.step_index,
             "call_signature": self.call_signature,
             "args": self.args,
+            "approved_args": self.approved_args,
             "result": self.result,
             "error": self.error or None,
             "created": self.created.isoformat(),
@@ -560,8 +564,14 @@ class Effect(models.Model):
     def start_executing(self, actor: str) -> None:
         self.move({self.State.APPROVED}, self.State.EXECUTING, actor=actor)
 
-    def approve(self, actor: str, reason: str = "") -> None:
-        self.move({self.State.PENDING}, self.State.APPROVED, actor=actor, reason=reason)
+    def approve(self, actor: str, reason: str = "", approved_args: dict | None = None) -> None:
+        """Approved as proposed, or (`approved_args`) with the reviewer's edit, which is what runs."""
+        self.move({self.State.PENDING}, self.State.APPROVED, actor=actor, reason=reason,
+                  **({"approved_args": approved_args} if approved_args is not None else {}))
+
+    @property
+    def args_to_run(self) -> dict:
+        return self.args if self.approved_args is None else self.approved_args
 
     def reject(self, actor: str, reason: str) -> None:
         self.move({self.State.PENDING}, self.State.REJECTED, actor=actor, reason=reason, error=reason)

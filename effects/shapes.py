@@ -77,6 +77,7 @@ class EffectDict(TypedDict):
     step_index: int
     call_signature: str
     args: dict[str, Any]
+    approved_args: dict[str, Any] | None
     result: Any
     error: str | None
     created: str
@@ -95,6 +96,7 @@ class ApprovalSummaryDict(TypedDict):
     decided_by: NotRequired[str | None]
     reason: NotRequired[str | None]
     decision: NotRequired[str | None]
+    decided_args_digest: NotRequired[str | None]
 
 
 class EffectWithApprovalDict(EffectDict):
@@ -214,9 +216,10 @@ class SessionListDict(TypedDict):
 
 
 class InterceptDict(TypedDict):
-    """The intercept's answer: execute (201), await_approval (202), replay (200) or refused (429)."""
+    """The intercept's answer: execute (201), await_approval (202), approved (201: a reviewer's grant
+    decided it at once; claim it with /start, then run it), replay (200) or refused (429)."""
 
-    decision: Literal["execute", "await_approval", "replay", "refused"]
+    decision: Literal["execute", "await_approval", "approved", "replay", "refused"]
     effect: NotRequired[EffectDict]
     undo_entry: NotRequired[UndoEntryDict]
     approval: NotRequired[ApprovalSummaryDict]

@@ -169,6 +169,9 @@ CELERY_BEAT_SCHEDULE: dict = {
     # Webhook deliveries and executions whose Celery message was lost.
     "approvals.sweep_deliveries": {"task": "approvals.tasks.sweep_deliveries", "schedule": 5.0,
                                    "options": {"expires": 30}},
+    # Slack messages whose post or update has not gone out (a lost message, Slack down).
+    "approvals.sweep_slack": {"task": "approvals.tasks.sweep_slack", "schedule": 15.0,
+                              "options": {"expires": 30}},
 }
 
 # How long a rotated agent key keeps working beside its successor (orgs.models.AgentKey.rotate).
@@ -272,6 +275,11 @@ UNDOLOG_WEBHOOK_MAX_ATTEMPTS = envint("UNDOLOG_WEBHOOK_MAX_ATTEMPTS", "6")
 UNDOLOG_WEBHOOK_RETRY_BASE_MS = envint("UNDOLOG_WEBHOOK_RETRY_BASE_MS", "1000")
 # Executor webhooks (an approved call run by the worker): attempts before the effect fails.
 UNDOLOG_EXECUTOR_MAX_ATTEMPTS = envint("UNDOLOG_EXECUTOR_MAX_ATTEMPTS", "3")
+# Slack (approvals/slack.py): the Web API's base (a test points it at a local fake), the
+# dashboard's public address for links in messages, and how often unsynced messages are retried.
+UNDOLOG_SLACK_API_URL = os.environ.get("UNDOLOG_SLACK_API_URL", "https://slack.com/api/")
+UNDOLOG_PUBLIC_URL = os.environ.get("UNDOLOG_PUBLIC_URL", "").rstrip("/")
+UNDOLOG_SLACK_MAX_ATTEMPTS = envint("UNDOLOG_SLACK_MAX_ATTEMPTS", "5")
 # Longest long poll on GET /api/v1/effects/{id}?wait=
 UNDOLOG_MAX_WAIT_S = 60
 # session.updated (core/fanout.py): a run's changes within this window reach open dashboards

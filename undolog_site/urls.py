@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from approvals import slack
 from undolog_site import errors, health
 
 admin.site.site_header = "undolog admin"
@@ -25,5 +26,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    # Slack's Request URL for an org's app: signed by Slack, not by a session or token.
+    path("slack/interactions/<uuid:connection_id>", slack.interactions, name="slack-interactions"),
     path("", include("approvals.dashboard_urls")),
 ]

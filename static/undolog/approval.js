@@ -16,18 +16,53 @@
     return data;
   }
 
-  function approve() {
-    var button = document.getElementById("approve-button");
+  /* The reviewer's edit of the args, if they opened the editor and changed them: undefined for
+   * none, null if it is not a JSON object (said next to the editor; nothing is sent). */
+  function editedArgs() {
+    var editor = document.getElementById("args-editor");
+    var status = document.getElementById("args-editor-status");
+    if (!editor || !document.getElementById("edit-args").open || editor.value === editor.defaultValue) return undefined;
+    var value;
+    try { value = JSON.parse(editor.value); } catch (err) { value = err; }
+    if (value === null || typeof value !== "object" || Array.isArray(value) || value instanceof Error) {
+      status.textContent = "Not a JSON object: " + (value instanceof Error ? value.message : "write {\"name\": value, …}") + ".";
+      status.className = "small error-text";
+      editor.focus();
+      return null;
+    }
+    status.textContent = "";
+    return value;
+  }
+
+  /* Approve (with the edit, if any); `then` follows only a successful approval (a grant). */
+  function approve(button, then) {
+    button = button || document.getElementById("approve-button");
     if (!button || !pending()) return;
+    var args = editedArgs();
+    if (args === null) return;
+    var body = {args_digest: live().dataset.digest};
+    if (args !== undefined) body.args = args;
     UL.act(button, function () {
-      return UL.api("POST", "/api/v1/approvals/" + id() + "/approve", {args_digest: live().dataset.digest});
+      return UL.api("POST", "/api/v1/approvals/" + id() + "/approve", body).then(function (data) {
+        var still = data && data.approval && data.approval.state === "pending";
+        // A grant follows only a decided approval (a request that needs more approvers is no grant's).
+        return then && !still ? then().then(function () { return data; }) : data;
+      });
     }).then(function (data) {
       // With a quorum the request may still be pending: say how far it has come.
       var approval = (data && data.approval) || {};
       UL.flash(approval.state === "pending" ? "Approval recorded: " + approval.quorum + "; another reviewer must approve."
-                                            : "Approved.", "ok");
+               : args !== undefined ? "Approved with your edited arguments."
+               : then ? "Approved, and granted." : "Approved.", "ok");
       return afterDecision(data);
     }, function () { refresh(); });
+  }
+
+  function grant(extra) {
+    var data = live().dataset;
+    var body = {agent: data.agent, tool: data.tool};
+    Object.keys(extra).forEach(function (key) { body[key] = extra[key]; });
+    return function () { return UL.api("POST", "/api/v1/grants", body); };
   }
 
   function reject(rollback) {
@@ -57,7 +92,11 @@
   holder.addEventListener("click", function (event) {
     var target = event.target.closest("button");
     if (!target) return;
-    if (target.id === "approve-button") approve();
+    if (target.id === "approve-button") approve(target);
+    if (target.id === "approve-run-button") approve(target, grant({session: live().dataset.session}));
+    if (target.id === "approve-minutes-button") {
+      approve(target, grant({minutes: parseInt(document.getElementById("grant-minutes").value, 10)}));
+    }
     if (target.id === "reject-rollback-button") reject(true);
   });
   holder.addEventListener("submit", function (event) {
@@ -99,6 +138,8 @@
       history.appendChild(fresh.content.cloneNode(true));
     }
     var state = live().dataset.state;
+    var editor = document.getElementById("edit-args");
+    if (editor && state !== "pending") editor.hidden = true;  // decided: nothing left to edit
     var badge = document.getElementById("approval-state");
     badge.textContent = state;
     badge.className = "state state-" + state;

@@ -70,6 +70,9 @@
     countdown.setAttribute("datetime", item.timeout_at);
     countdown.textContent = UL.formatLeft(Date.parse(item.timeout_at) - Date.now());
     row.querySelector(".auto").hidden = !item.auto_approve_on_timeout;
+    var pick = row.querySelector("input.pick-row");
+    pick.value = item.id;
+    pick.setAttribute("aria-label", "Select " + item.tool);
     var link = row.querySelector("a.row-link");
     link.href = "/approvals/" + item.id + "/";
     link.textContent = item.tool;
@@ -188,6 +191,63 @@
     });
   }
 
+  /* ------------------------------------------------------------ batch decisions */
+
+  var bar = document.getElementById("batch-bar");
+
+  function picked() {
+    return rows().filter(function (row) {
+      var box = row.querySelector("input.pick-row");
+      return row.dataset.id && box && box.checked;
+    }).map(function (row) { return row.dataset.id; });
+  }
+
+  function updateBar() {
+    if (!bar) return;
+    var n = picked().length;
+    document.getElementById("picked-count").textContent = n + " selected";
+    document.getElementById("batch-approve").disabled = n === 0;
+    document.getElementById("batch-reject").disabled = n === 0;
+  }
+
+  /* Each request is decided on its own: the answer says which went and why the others did not. */
+  function decideBatch(button, decision, reason) {
+    var ids = picked();
+    UL.act(button, function () {
+      return UL.api("POST", "/api/v1/approvals/batch", {ids: ids, decision: decision, reason: reason || ""});
+    }).then(function (data) {
+      var failed = data.results.filter(function (r) { return !r.ok; });
+      data.results.forEach(function (r) { if (r.ok) remove(r.id); });
+      var verb = decision === "approve" ? "Approved " : "Rejected ";
+      if (failed.length) {
+        UL.flash(verb + data.decided + "; " + failed.length + " not: " + failed.map(function (r) {
+          return r.message;
+        }).join(" "), "error");
+      } else {
+        UL.flash(verb + data.decided + ".", "ok");
+      }
+      updateBar();
+    }, function () {});
+  }
+
+  if (bar) {
+    tbody.addEventListener("change", updateBar);
+    document.getElementById("pick-all").addEventListener("change", function (event) {
+      rows().forEach(function (row) { row.querySelector("input.pick-row").checked = event.target.checked; });
+      updateBar();
+    });
+    document.getElementById("batch-approve").addEventListener("click", function (event) {
+      decideBatch(event.target, "approve");
+    });
+    document.getElementById("batch-reject").addEventListener("click", function (event) {
+      var button = event.target;
+      UL.confirm({title: "Reject " + picked().length + " requests", confirm: "Reject them",
+                  body: "Each agent is told the reason.", input: {label: "Reason", required: true}})
+        .then(function (reason) { if (reason) decideBatch(button, "reject", reason); });
+    });
+  }
+
   UL.onConnect(function () { refetch(); });
   update();
+  updateBar();
 })();

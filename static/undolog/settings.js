@@ -18,6 +18,33 @@
     }, "Settings saved.").catch(function () {});
   });
 
+  /* Slack: the secrets are write-only; an empty field leaves the stored one alone. */
+  var slackForm = document.getElementById("slack-form");
+  if (slackForm) {
+    slackForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var body = {channel: slackForm.channel.value.trim()};
+      ["bot_token", "signing_secret"].forEach(function (name) {
+        var value = slackForm[name].value.trim();
+        if (value) body[name] = value;
+      });
+      UL.act(slackForm.querySelector("button[type=submit]"), function () {
+        return UL.api("PUT", "/api/v1/org/slack", body);
+      }, "Slack saved.").then(function (data) {
+        slackForm.bot_token.value = slackForm.signing_secret.value = "";
+        document.getElementById("slack-status").textContent = "Connected to " + data.channel + " (bot token " +
+          data.bot_token_hint + "). Request URL: " + data.interactions_url;
+      }, function () {});
+    });
+    var disconnect = document.getElementById("slack-disconnect");
+    if (disconnect) {
+      disconnect.addEventListener("click", function () {
+        UL.act(disconnect, function () { return UL.api("DELETE", "/api/v1/org/slack"); }, "Slack disconnected.")
+          .then(function () { location.reload(); }, function () {});
+      });
+    }
+  }
+
   var hookForm = document.getElementById("webhook-form");
   if (!hookForm) return;
   hookForm.addEventListener("submit", function (event) {

@@ -40,8 +40,12 @@ __all__ = ["Session", "WaitInfo"]
 log = logging.getLogger("undolog")
 
 
+@dataclass(frozen=True)
 class _Run:
-    """Flow instruction: run the tool now and send back its result."""
+    """Flow instruction: run the tool now and send back its result. ``args``: a reviewer
+    edited the call before approving it; run it with these instead of the caller's."""
+
+    args: dict[str, Any] | None = None
 
 
 RUN = _Run()
@@ -257,14 +261,16 @@ class Session:
             return tool.fn(*args, **kwargs)
         _warn_if_blocking_loop(tool)
         flow = self._effect_flow(tool, tool.bind(args, kwargs))
-        return self._drive(flow, lambda: tool.fn(*args, **kwargs))
+        return self._drive(flow, lambda edited=None: tool.fn(**edited) if edited is not None
+                           else tool.fn(*args, **kwargs))
 
     async def acall(self, tool: DeclaredTool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if tool.safe:
             self._record_safe(tool.spec.name, tool.bind(args, kwargs))
             return await tool.fn(*args, **kwargs)
         flow = self._effect_flow(tool, tool.bind(args, kwargs))
-        return await self._adrive(flow, lambda: tool.fn(*args, **kwargs))
+        return await self._adrive(flow, lambda edited=None: tool.fn(**edited)
+                                  if edited is not None else tool.fn(*args, **kwargs))
 
     def _record_safe(self, name: str, args: dict[str, Any]) -> None:
         # next() on itertools.count and deque.append are atomic: no lock on the hot path.
@@ -429,7 +435,7 @@ class Session:
         if effect.get("tier") == "compensable":
             self._undoable.add(str(effect_id))  # its undo entry is pushed before it runs
         try:
-            result = yield RUN
+            result = yield _run_for(effect)
         except Exception as exc:
             yield from self._report_failure(effect_id, exc)
             raise
@@ -480,8 +486,8 @@ class Session:
                     value = self._http.send(op)
                 elif isinstance(op, Sleep):
                     time.sleep(op.seconds)
-                else:
-                    value = run() if run is not None else None
+                elif run is not None:
+                    value = run() if op.args is None else run(op.args)
             except Exception as exc:
                 error = exc
 
@@ -499,10 +505,28 @@ class Session:
                     value = await self._http.asend(op)
                 elif isinstance(op, Sleep):
                     await asyncio.sleep(op.seconds)
-                else:
-                    value = await run() if run is not None else None
+                elif run is not None:
+                    value = await (run() if op.args is None else run(op.args))
             except Exception as exc:
                 error = exc
+
+
+def _run_for(effect: Mapping[str, Any]) -> _Run:
+    """RUN, or RUN with the args a reviewer edited before approving (said in the log, so the
+    person reading the agent's output knows the tool did not run with what the model asked).
+    """
+    edited = effect.get("approved_args")
+    if not isinstance(edited, dict) or edited == effect.get("args"):
+        return RUN
+    log.info("%s runs with the args a reviewer edited before approving (effect %s): "
+             "%s instead of %s", effect.get("tool"), effect.get("id"), _short(edited),
+             _short(effect.get("args")))
+    return _Run(edited)
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _wait_param(seconds: float) -> int:

@@ -323,8 +323,13 @@ class Gateway:
             return await upstream.call(route.upstream_name, args)
         ran: dict[str, Any] = {}
 
-        async def execute() -> Any:
-            ran["result"] = result = await upstream.call(route.upstream_name, args)
+        async def execute(edited: dict[str, Any] | None = None) -> Any:
+            # A reviewer's edit before approving is what runs upstream (the SDK logs the change).
+            if edited is not None:
+                log.info("%s: running upstream %s with the reviewer's edited args", route.exposed,
+                         route.upstream_name)
+            sent = args if edited is None else edited
+            ran["result"] = result = await upstream.call(route.upstream_name, sent)
             if getattr(result, "is_error", False):
                 raise UpstreamToolError(result)
             return result_value(result)
@@ -341,7 +346,7 @@ class Gateway:
         run: Run,
         route: Route,
         args: dict[str, Any],
-        execute: Callable[[], Awaitable[Any]],
+        execute: Callable[..., Awaitable[Any]],
         progress: Progress | None,
     ) -> Any:
         flow = run.session._effect_flow(route.declared, args)

@@ -88,6 +88,19 @@ def declare(name: str, parameters: Iterable[str] | None, description: str,
     return tool
 
 
+def _unedited(tool: DeclaredTool, run: Callable[[], Any]) -> Callable[..., Any]:
+    """A framework's run closes over the model's args and cannot take others: a call a reviewer
+    edited before approving fails (and is reported failed) rather than running the unedited args."""
+
+    def guarded(edited: dict[str, Any] | None = None) -> Any:
+        if edited is not None:
+            raise RuntimeError(f"{tool.name}: a reviewer approved edited args, which this "
+                               "framework adapter cannot pass to the tool; the call was not run")
+        return run()
+
+    return guarded
+
+
 def call(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
          on_hold: OnHold | None = None) -> Any:
     """One call of ``tool`` in the current session (outside one: ``run()``)."""
@@ -97,6 +110,7 @@ def call(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
     if tool.safe:
         session._record_safe(tool.name, args)
         return run()
+    run = _unedited(tool, run)
     if _HOLDING.get() is session:  # a tool calling a tool: it already has the turn
         return session._drive(_flow(session, tool, args, on_hold), run)
     with _lock_of(session):
@@ -116,6 +130,7 @@ async def acall(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Awai
     if tool.safe:
         session._record_safe(tool.name, args)
         return await run()
+    run = _unedited(tool, run)
     if _HOLDING.get() is session:
         return await session._adrive(_flow(session, tool, args, on_hold), run)
     async with _alock_of(session):
