@@ -10,8 +10,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0002_decisions_and_webhooks'),
-        ('effects', '0007_effect_approved_args'),
+        ('approvals', '0003_rules_and_quorum'),
+        ('effects', '0009_effect_approved_args'),
         ('orgs', '0003_org_config_version'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0003_grants'),
+        ('approvals', '0004_grants'),
         ('orgs', '0003_org_config_version'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('effects', '0006_leaner_effect_and_undo_indexes'),
+        ('effects', '0008_quorum_and_run_starter'),
     ]
 
     operations = [
