@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from approvals.models import ApprovalRequest, DeliveryAttempt, OrgWebhook, WebhookDelivery
+from approvals.models import ApprovalRequest, OrgWebhook
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -26,22 +26,3 @@ class OrgWebhookAdmin(admin.ModelAdmin):
     list_display = ["url", "org", "event_types", "slack", "active", "created"]
     list_filter = ["active", "slack", "org"]
     search_fields = ["url", "description", "org__slug"]
-
-
-class DeliveryAttemptInline(admin.TabularInline):
-    model = DeliveryAttempt
-    extra = 0
-    can_delete = False
-    readonly_fields = ["number", "started_at", "duration_ms", "ok", "status_code", "error"]
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-
-@admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnlyAdmin):
-    list_display = ["kind", "url", "state", "attempts", "last_status_code", "next_attempt_at", "org", "created"]
-    list_filter = ["state", "purpose", "kind", "org"]
-    search_fields = ["url", "id", "last_error"]
-    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
-    inlines = [DeliveryAttemptInline]
