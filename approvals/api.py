@@ -194,6 +194,8 @@ class OrgSettingsSerializer(StrictSerializer):
     context_window = serializers.IntegerField(min_value=0, max_value=100, required=False)
     email_notifications = serializers.BooleanField(required=False)
     time_zone = serializers.CharField(max_length=64, required=False, validators=[time_zone])
+    # Abandoned runs (effects/abandon.py): 0 never; an agent may override it.
+    run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, required=False)
 
 
 SETTINGS_FIELDS = list(OrgSettingsSerializer._declared_fields)

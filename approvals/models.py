@@ -365,7 +365,7 @@ def _release(session: Session, verb, actor: str, reason: str) -> bool:
 EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
-    "incident.changed", "session.updated",
+    "incident.changed", "session.updated", "session.abandoned",
 ]
 
 

@@ -92,6 +92,7 @@ class OrgSettingsDict(TypedDict):
     context_window: int
     email_notifications: bool
     time_zone: str
+    run_idle_timeout_s: int
 
 
 class WebhookDict(TypedDict):

@@ -134,6 +134,13 @@ class Agent(models.Model):
     def is_active(self) -> bool:
         return self.state == self.State.ACTIVE
 
+    @property
+    def idle_timeout_s(self) -> int:
+        """How long this agent's runs may stay silent before they are abandoned (0: never)."""
+        if self.run_idle_timeout_s is not None:
+            return self.run_idle_timeout_s
+        return self.org.run_idle_timeout_s
+
     def _move(self, allowed_from: set[str], state: str, reason: str) -> bool:
         # Guarded: two runs ending at once must not both apply on_exceeded.
         changed = Agent.objects.filter(pk=self.pk, state__in=allowed_from).update(
