@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -363,18 +364,21 @@ class Session(models.Model):
 
     def abandon(self, timeout_s: int, now) -> None:
         """The run went silent past its idle timeout (effects/abandon.py): fail it as abandoned,
-        with a `session.abandoned` event, in one transaction. Guarded on what the sweep saw: still
-        running, `updated` unchanged (no intercept since) and no effect moved or waiting for a
-        reviewer since, so a call that lands first keeps the run alive (Conflict)."""
-        silent_s = int((now - self.updated).total_seconds())
-        error = f"abandoned: no call for {silent_s} s (run_idle_timeout_s is {timeout_s} s)"
-        busy = Effect.objects.filter(models.Q(updated__gt=self.updated) | models.Q(state=Effect.State.PENDING),
+        with a `session.abandoned` event, in one transaction. The guarded UPDATE restates the
+        silence (still running, no intercept and no effect moved since the cutoff, no call waiting
+        for a reviewer), so a call that lands first keeps the run alive (Conflict)."""
+        cutoff = now - timedelta(seconds=timeout_s)
+        busy = Effect.objects.filter(models.Q(updated__gte=cutoff) | models.Q(state=Effect.State.PENDING),
                                      session=models.OuterRef("pk"))
+        last = max([self.updated, *Effect.objects.filter(session=self).order_by("-updated")
+                    .values_list("updated", flat=True)[:1]])
+        silent_s = int((now - last).total_seconds())
+        error = f"abandoned: no call for {silent_s} s (run_idle_timeout_s is {timeout_s} s)"
         with transaction.atomic():
             self.fail(error, ABANDON_ACTOR, allowed_from=frozenset({self.State.RUNNING}),
-                      guard=models.Q(updated=self.updated) & ~models.Exists(busy))
+                      guard=models.Q(updated__lt=cutoff) & ~models.Exists(busy))
             Event.record(self.org, "session.abandoned", agent=self.agent, session_id=self.pk, error=error,
-                         silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=self.updated.isoformat())
+                         silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=last.isoformat())
 
     def run_ended(self, actor: str) -> None:
         """The run is over: its first budget violation applies on_exceeded (once, in this

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def silence(session_id: str, seconds: float) -> None:
-    """As if nothing had been heard from the run for `seconds`."""
+    """As if nothing had been heard from the run for `seconds`: its last intercept a moment
+    before that, its effects' commits (which move effects, not the session) at that time."""
     then = timezone.now() - timedelta(seconds=seconds)
-    Session.objects.filter(pk=session_id).update(updated=then)
+    Session.objects.filter(pk=session_id).update(updated=then - timedelta(seconds=30))
     Effect.objects.filter(session_id=session_id).update(updated=then)
 
 
