@@ -3,7 +3,6 @@ from django.contrib import admin
 
 from approvals.models import (
     ApprovalRequest,
-    DeliveryAttempt,
     Grant,
     OrgWebhook,
     Rule,
@@ -11,7 +10,6 @@ from approvals.models import (
     SlackConnection,
     SlackMessage,
     SlackUserLink,
-    WebhookDelivery,
 )
 
 
@@ -38,25 +36,6 @@ class OrgWebhookAdmin(admin.ModelAdmin):
     list_display = ["url", "org", "event_types", "slack", "active", "created"]
     list_filter = ["active", "slack", "org"]
     search_fields = ["url", "description", "org__slug"]
-
-
-class DeliveryAttemptInline(admin.TabularInline):
-    model = DeliveryAttempt
-    extra = 0
-    can_delete = False
-    readonly_fields = ["number", "started_at", "duration_ms", "ok", "status_code", "error"]
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-
-@admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnlyAdmin):
-    list_display = ["kind", "url", "state", "attempts", "last_status_code", "next_attempt_at", "org", "created"]
-    list_filter = ["state", "purpose", "kind", "org"]
-    search_fields = ["url", "id", "last_error"]
-    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
-    inlines = [DeliveryAttemptInline]
 
 
 @admin.register(Rule)
@@ -90,6 +69,8 @@ class RuleChangeAdmin(ReadOnlyAdmin):
     list_display = ["created", "org", "rule_name", "action", "actor", "changes"]
     list_filter = ["action", "org"]
     search_fields = ["rule_name", "actor"]
+
+
 @admin.register(Grant)
 class GrantAdmin(ReadOnlyAdmin):
     """Issued and revoked by reviewers (dashboard, API); read here."""

@@ -314,6 +314,8 @@ class OrgSettingsSerializer(StrictSerializer):
         if len(value) > 50 or any(not tag or len(tag) > 50 for tag in value):
             raise serializers.ValidationError("At most 50 risk tags of at most 50 characters each.")
         return value
+    # Abandoned runs (effects/abandon.py): 0 never; an agent may override it.
+    run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, required=False)
 
 
 SETTINGS_FIELDS = list(OrgSettingsSerializer._declared_fields)

@@ -120,6 +120,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def incident_changed(self, message: dict) -> None:
         await self.forward(message)
 
+    async def session_abandoned(self, message: dict) -> None:
+        await self.forward(message)
+
     async def session_updated(self, message: dict) -> None:
         await self.forward(message)
 

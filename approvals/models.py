@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from approvals.rules import Rule, RuleChange  # noqa: F401 (models of this app, kept in their own module)
 from budgets.models import Refusal
-from core import retry
+from deliveries.models import Delivery
 from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
 from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Forbidden, Invalid
@@ -274,7 +274,7 @@ class ApprovalRequest(models.Model):
             self._decide(self.State.APPROVED, None, label, why, decided_args_digest=self.args_digest)
             effect.approve(actor=label, reason=why)
             if effect.tool_id and effect.tool and effect.tool.executor_url:
-                WebhookDelivery.for_executor(effect, self)
+                queue_execution(effect, self)
             Event.record(self.org, "approval.decided", agent=self.session.agent, session_id=self.session_id,
                          grant=str(grant.pk), **self.event_data())
 
@@ -300,7 +300,7 @@ class ApprovalRequest(models.Model):
                            "Reject it or let it expire.", code="session_not_awaiting_approval",
                            state=session.state)
         if effect.tool_id and effect.tool and effect.tool.executor_url:
-            WebhookDelivery.for_executor(effect, self)
+            queue_execution(effect, self)
         Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
                      **self.event_data())
 
@@ -597,7 +597,7 @@ EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended", "approval.counted",
     "rule.changed", "rule.observed",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
-    "incident.changed", "session.updated", "grant.issued", "grant.revoked",
+    "incident.changed", "session.updated", "session.abandoned", "grant.issued", "grant.revoked",
 ]
 
 
@@ -642,171 +642,24 @@ class OrgWebhook(models.Model):
         return not self.event_types or kind in self.event_types
 
 
-def _unheld(now) -> Q:
-    return Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - WebhookDelivery.LEASE)
-
-
-class WebhookDeliveryQuerySet(models.QuerySet):
-    def due(self, now=None, *, grace: timedelta = timedelta(0)) -> WebhookDeliveryQuerySet:
-        """Pending rows whose time has come (by `grace` at least) and that nobody holds."""
-        now = now or timezone.now()
-        return self.filter(_unheld(now), state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now - grace)
-
-
-class WebhookDelivery(models.Model):
-    """One outgoing signed POST that must not be lost: an event for an org webhook, or the
-    execution of an approved call by its tool's executor webhook.
-
-    The row is the truth, not the Celery message: `next_attempt_at` says when it is due,
-    `claimed_at` who holds it (a lease, so a worker that died only delays it), and a beat
-    sweep re-enqueues what is due and unheld. Every try is a `DeliveryAttempt`.
-    """
-
-    class Purpose(models.TextChoices):
-        EVENT = "event"
-        EXECUTOR = "executor"
-
-    class State(models.TextChoices):
-        PENDING = "pending"
-        DELIVERED = "delivered"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
-    TERMINAL = frozenset({State.DELIVERED, State.FAILED, State.CANCELLED})
-    # Longer than the longest request (executor timeouts are capped at 120 s).
-    LEASE = timedelta(minutes=3)
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
-    purpose = models.CharField(max_length=16, choices=Purpose.choices, editable=False)
-    webhook = models.ForeignKey(OrgWebhook, null=True, blank=True, on_delete=models.CASCADE,
-                                related_name="deliveries", editable=False)
-    event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
-                              editable=False)
-    effect = models.ForeignKey(Effect, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
-                               editable=False)
-    kind = models.CharField(max_length=64, editable=False, help_text="The event kind, or 'executor'.")
-    url = models.CharField(max_length=500, editable=False)
-    body = models.JSONField(editable=False)
-    timeout_ms = models.PositiveIntegerField(default=10_000, editable=False)
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    max_attempts = models.PositiveSmallIntegerField(default=6)
-    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    created = models.DateTimeField(default=timezone.now, editable=False)
-
-    objects = WebhookDeliveryQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["-created"]
-        verbose_name_plural = "webhook deliveries"
-        indexes = [models.Index(fields=["state", "next_attempt_at"])]
-        constraints = [
-            # Fan-out twice (a retried receiver) still yields one delivery per hook and event,
-            # and an approval one execution.
-            models.UniqueConstraint(fields=["webhook", "event"], condition=Q(purpose="event"),
-                                    name="one_delivery_per_hook_and_event"),
-            models.UniqueConstraint(fields=["effect"], condition=Q(purpose="executor"),
-                                    name="one_execution_per_effect"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.kind} → {self.url} ({self.state})"
-
-    @classmethod
-    def for_executor(cls, effect: Effect, approval: ApprovalRequest) -> WebhookDelivery:
-        """Queue the approved call for the tool's executor, in the approving transaction."""
-        tool = effect.tool
-        delivery = cls.objects.create(
-            org_id=effect.org_id, purpose=cls.Purpose.EXECUTOR, effect=effect, kind="executor",
-            url=tool.executor_url, timeout_ms=tool.executor_timeout_ms,
-            max_attempts=settings.UNDOLOG_EXECUTOR_MAX_ATTEMPTS,
-            body={"effect_id": str(effect.id), "session_id": str(effect.session_id), "tool": effect.tool_name,
-                  # What the reviewer approved runs: their edit if they made one (the digest is the
-                  # decision's); the agent's proposal is kept beside it.
-                  "args": effect.args_to_run, "args_digest": approval.decided_args_digest or effect.args_digest,
-                  "proposed_args": effect.args, "step_index": effect.step_index,
-                  "approval": {"id": str(approval.id), "decided_by": approval.decided_by_label,
-                               "reason": approval.decision_reason or None}},
-        )
-        delivery.enqueue_after_commit()
-        return delivery
-
-    def enqueue_after_commit(self) -> None:
-        from approvals import tasks
-
-        transaction.on_commit(lambda: tasks.deliver.delay(str(self.pk)))
-
-    @property
-    def secret(self) -> str:
-        return self.webhook.secret if self.webhook_id else self.org.webhook_secret
-
-    def headers(self) -> dict[str, str]:
-        # Executors dedupe by effect (one execution per call); receivers of events by delivery.
-        key = str(self.effect_id) if self.purpose == self.Purpose.EXECUTOR else str(self.pk)
-        return {"Idempotency-Key": key, "Undolog-Event": self.kind, "Undolog-Delivery": str(self.pk)}
-
-    def claim(self) -> int | None:
-        """Take the row for one attempt; the attempt's number, or None if it is not ours to take."""
-        now = timezone.now()
-        # A first attempt is due when its message arrives: the row was written on another host,
-        # whose clock may be ahead of ours. A retry waits for its time (a countdown that arrives
-        # early on a skewed host is dropped, and the sweep sends the row again once due).
-        changed = WebhookDelivery.objects.filter(
-            _unheld(now), Q(attempts=0) | Q(next_attempt_at__lte=now), pk=self.pk,
-            state=WebhookDelivery.State.PENDING).update(claimed_at=now, attempts=F("attempts") + 1)
-        if changed != 1:
-            return None
-        self.refresh_from_db(fields=["attempts", "claimed_at", "state"])
-        return self.attempts
-
-    def backoff(self, number: int) -> timedelta:
-        """The wait after attempt `number` failed: the one backoff (`core.retry`), doubling from
-        UNDOLOG_WEBHOOK_RETRY_BASE_MS up to an hour, without jitter (a receiver's own retry
-        budget is what these fan out over; the settings promise the doubling)."""
-        base = settings.UNDOLOG_WEBHOOK_RETRY_BASE_MS / 1000
-        return timedelta(seconds=retry.backoff_s(number, base, 3600, spread=0))
-
-    def finish(self, **fields: Any) -> bool:
-        """Release our claim with the outcome; False if our lease ran out and someone else holds it."""
-        return WebhookDelivery.objects.filter(pk=self.pk, claimed_at=self.claimed_at).update(
-            claimed_at=None, **fields) == 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": str(self.id), "kind": self.kind, "purpose": self.purpose, "url": self.url,
-                "state": self.state, "attempts": self.attempts, "max_attempts": self.max_attempts,
-                "next_attempt_at": self.next_attempt_at.isoformat() if self.state == self.State.PENDING else None,
-                "last_status_code": self.last_status_code, "last_error": self.last_error or None,
-                "delivered_at": self.delivered_at.isoformat() if self.delivered_at else None,
-                "created": self.created.isoformat()}
-
-
-class DeliveryAttempt(models.Model):
-    """One try of a delivery: when, how long, what came back."""
-
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log",
-                                 editable=False)
-    number = models.PositiveSmallIntegerField(editable=False)
-    started_at = models.DateTimeField(editable=False)
-    duration_ms = models.PositiveIntegerField(editable=False)
-    ok = models.BooleanField(editable=False)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
-    error = models.TextField(blank=True, editable=False)
-
-    class Meta:
-        ordering = ["delivery", "number"]
-        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="one_delivery_attempt_per_number")]
-
-    def __str__(self) -> str:
-        return f"attempt {self.number} of {self.delivery_id}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "started_at": self.started_at.isoformat(), "duration_ms": self.duration_ms,
-                "ok": self.ok, "status_code": self.status_code, "error": self.error or None}
+def queue_execution(effect: Effect, approval: ApprovalRequest) -> Delivery:
+    """Queue the approved call for the tool's executor, in the approving transaction: an
+    `executor` delivery (one per effect), run by the worker once this commits."""
+    tool = effect.tool
+    delivery = Delivery.objects.create(
+        org_id=effect.org_id, purpose=Delivery.Purpose.EXECUTOR, effect=effect, kind="executor",
+        url=tool.executor_url, timeout_ms=tool.executor_timeout_ms,
+        max_attempts=settings.UNDOLOG_EXECUTOR_MAX_ATTEMPTS,
+        body={"effect_id": str(effect.id), "session_id": str(effect.session_id), "tool": effect.tool_name,
+              # What the reviewer approved runs: their edit if they made one (the digest is the
+              # decision's); the agent's proposal is kept beside it.
+              "args": effect.args_to_run, "args_digest": approval.decided_args_digest or effect.args_digest,
+              "proposed_args": effect.args, "step_index": effect.step_index,
+              "approval": {"id": str(approval.id), "decided_by": approval.decided_by_label,
+                           "reason": approval.decision_reason or None}},
+    )
+    delivery.enqueue_after_commit()
+    return delivery
 
 
 # ---------------------------------------------------------------- Slack

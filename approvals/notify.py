@@ -1,24 +1,35 @@
-"""Telling people: every recorded event goes to the org's dashboards (Channels group), its
-webhooks (a delivery row each, sent by the worker) and, for alerts, its reviewers' inboxes."""
+"""Telling people, through the outbox: every recorded event goes to the org's dashboards
+(Channels group), its webhooks and, for alerts, its reviewers' inboxes, exactly once.
+
+The `Event` row is the outbox: it is written in the transaction of the change it records,
+with `fanned_out_at` empty. `dispatch` turns it into delivery rows (one per subscribed
+webhook, one email) in one transaction that also claims it, so a second dispatcher finds
+nothing to do. It runs right after the change commits, in the process that made it (the
+fast path: a dashboard sees a new request within milliseconds); should that process die
+first, the beat's `sweep_events` finds the event and dispatches it from the worker. A crash
+after a commit delays a notification; it never loses one.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.db import transaction
 from django.dispatch import receiver
+from django.utils import timezone
 
-from approvals import events
-from approvals.models import ApprovalRequest, OrgWebhook, SlackConnection, WebhookDelivery
+from approvals import events, slack
+from approvals.models import ApprovalRequest, OrgWebhook
+from core import faults
+from deliveries.models import Delivery
 from orgs.models import Event, Membership, event_recorded
 
 log = logging.getLogger(__name__)
 
 # What reaches reviewers' inboxes: what needs a person, not every decision.
 EMAIL_KINDS = frozenset({"approval.requested", "approval.expired", "compensation.failed",
-                         "budget.exceeded", "agent.suspended"})
+                         "budget.exceeded", "agent.suspended", "session.abandoned"})
 
 
 def approval_requested(approval: ApprovalRequest) -> None:
@@ -29,70 +40,74 @@ def approval_requested(approval: ApprovalRequest) -> None:
 
 @receiver(event_recorded, dispatch_uid="approvals.fan_out")
 def fan_out(sender, event: Event, **kwargs) -> None:
-    """After the event's transaction committed (so never for a rolled-back change):
+    """After the event's transaction committed (so never for a rolled-back change): dispatch it
+    now. A failure here is logged and never turns a committed decision into an error: the
+    event stays undispatched and the sweep takes it."""
+    faults.hit("event.committed", event.kind)  # tests only: die between the commit and the fan-out
+    try:
+        dispatch(event)
+    except Exception:
+        log.exception("could not dispatch event %s; the sweep will", event.pk)
 
-    1. build the typed payload once;
-    2. publish it to the org's Channels group (dashboards, within a second);
-    3. write one delivery row per subscribed webhook and enqueue each (the row survives a lost message);
-    4. an approval event of an org with Slack: the worker posts or updates its message;
-    5. enqueue the email to the org's reviewers if the org wants email for this kind.
 
-    Runs in the request (or task) that recorded the event, after its commit: a failure here
-    is logged and never turns a committed decision into an error.
+def dispatch(event: Event) -> list[Delivery] | None:
+    """Fan one event out, exactly once; its delivery rows, or None if someone else did.
+
+    1. Build the typed payload once (the approval as it is now).
+    2. In one transaction: claim the event (a guarded UPDATE of `fanned_out_at`: of the request
+       that recorded it and any number of sweeps, exactly one passes) and write its delivery
+       rows: one per active webhook that wants the kind, one email if the org wants one; and an
+       approval event's Slack message row (`approvals.slack`).
+    3. After that commit: publish to the org's Channels group and enqueue each row (a lost
+       message is found by the deliveries sweep).
     """
-    try:
-        payload = events.payload_for(event)
-    except Exception:
-        log.exception("could not build the payload of event %s", event.pk)
-        return
-    events.publish(event.org_id, event.kind, payload)
-    try:
-        queue_webhooks(event, payload)
-    except Exception:
-        log.exception("could not queue webhooks for event %s", event.pk)
-    try:
-        queue_slack(event)
-    except Exception:
-        log.exception("could not queue the Slack message for event %s", event.pk)
-    try:
-        if event.kind in EMAIL_KINDS and event.org.email_notifications:
-            from approvals import tasks
-
-            tasks.email_event.delay(str(event.pk))
-    except Exception:
-        log.exception("could not queue the email for event %s", event.pk)
-
-
-def queue_webhooks(event: Event, payload: events.EventPayload) -> list[WebhookDelivery]:
-    hooks = [hook for hook in OrgWebhook.objects.for_org(event.org_id).active() if hook.wants(event.kind)]
-    if not hooks:
-        return []
-    message = events.Message(type=event.kind, payload=payload)
-    rows = [WebhookDelivery(org_id=event.org_id, purpose=WebhookDelivery.Purpose.EVENT, webhook=hook,
-                            event=event, kind=event.kind, url=hook.url,
-                            body=events.slack_body(payload) if hook.slack else message,
-                            max_attempts=settings.UNDOLOG_WEBHOOK_MAX_ATTEMPTS,
-                            timeout_ms=settings.UNDOLOG_WEBHOOK_TIMEOUT_MS)
-            for hook in hooks]
+    payload = events.payload_for(event)
     with transaction.atomic():
-        WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+        claimed = Event.objects.filter(pk=event.pk, fanned_out_at__isnull=True).update(fanned_out_at=timezone.now())
+        if not claimed:
+            return None
+        rows = _webhook_rows(event, payload) + _email_rows(event, payload)
+        Delivery.objects.bulk_create(rows, ignore_conflicts=True)
         for row in rows:
             row.enqueue_after_commit()
+        message = _slack_message(event)
+        if message is not None:
+            from approvals import tasks
+
+            transaction.on_commit(lambda: tasks.sync_slack.delay(str(message.pk)))
+        transaction.on_commit(lambda: events.publish(event.org_id, event.kind, payload))
     return rows
+
+
+def _webhook_rows(event: Event, payload: events.EventPayload) -> list[Delivery]:
+    hooks = [hook for hook in OrgWebhook.objects.for_org(event.org_id).active() if hook.wants(event.kind)]
+    message = events.Message(type=event.kind, payload=payload)
+    return [Delivery(org_id=event.org_id, purpose=Delivery.Purpose.EVENT, webhook=hook, event=event,
+                     kind=event.kind, url=hook.url, body=events.slack_body(payload) if hook.slack else message,
+                     max_attempts=settings.UNDOLOG_WEBHOOK_MAX_ATTEMPTS, timeout_ms=settings.UNDOLOG_WEBHOOK_TIMEOUT_MS)
+            for hook in hooks]
+
+
+def _email_rows(event: Event, payload: events.EventPayload) -> list[Delivery]:
+    if event.kind not in EMAIL_KINDS or not event.org.email_notifications:
+        return []
+    recipients = reviewers_emails(event.org_id)
+    if not recipients:
+        return []
+    subject, message = email_text(event, payload)
+    return [Delivery(org_id=event.org_id, purpose=Delivery.Purpose.EMAIL, event=event, kind=event.kind, url="",
+                     body={"subject": subject, "message": message, "recipients": recipients},
+                     max_attempts=settings.UNDOLOG_WEBHOOK_MAX_ATTEMPTS)]
 
 
 SLACK_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired"})
 
 
-def queue_slack(event: Event) -> bool:
-    """One indexed query (the org's Slack connection), and only for approval events: the post
-    itself is the worker's, never this request's."""
-    if event.kind not in SLACK_KINDS or not SlackConnection.objects.filter(org_id=event.org_id, active=True).exists():
-        return False
-    from approvals import tasks
-
-    tasks.slack_event.delay(str(event.pk))
-    return True
+def _slack_message(event: Event):
+    """An approval event of an org with Slack: the request's message row (written once, in the
+    claim's transaction, so a crash after it only delays the post: `sweep_slack` finds rows not
+    in step). The post itself is the worker's, never this request's."""
+    return slack.on_event(event) if event.kind in SLACK_KINDS else None
 
 
 def reviewers_emails(org_id) -> list[str]:
@@ -101,14 +116,8 @@ def reviewers_emails(org_id) -> list[str]:
     return sorted(set(memberships.values_list("user__email", flat=True)))
 
 
-def email(event: Event) -> int:
-    """Send the event to the org's reviewers; the number of recipients (0: nothing sent)."""
-    if event.kind not in EMAIL_KINDS or not event.org.email_notifications:
-        return 0
-    recipients = reviewers_emails(event.org_id)
-    if not recipients:
-        return 0
-    payload = events.payload_for(event)
+def email_text(event: Event, payload: events.EventPayload) -> tuple[str, str]:
+    """The subject and body of an event's email to reviewers."""
     line = events.describe(payload)
     body = [line, "", f"Event: {event.kind}", f"Organization: {event.org.name}",
             f"Agent: {payload['agent'] or '-'}", f"Session: {payload['session'] or '-'}"]
@@ -119,5 +128,4 @@ def email(event: Event) -> int:
                  f"Estimated impact: {approval['estimated_impact'] or '-'}",
                  f"Deadline: {approval['timeout_at']}", "",
                  f"Decide with: POST /api/v1/approvals/{approval['id']}/approve or /reject"]
-    send_mail(f"[undolog] {line[:150]}", "\n".join(body), settings.DEFAULT_FROM_EMAIL, recipients)
-    return len(recipients)
+    return f"[undolog] {line[:150]}", "\n".join(body)

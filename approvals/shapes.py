@@ -101,6 +101,7 @@ class OrgSettingsDict(TypedDict):
     email_notifications: bool
     time_zone: str
     approvals_by_risk_tag: dict[str, int]
+    run_idle_timeout_s: int
 
 
 class WebhookDict(TypedDict):

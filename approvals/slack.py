@@ -2,7 +2,7 @@
 buttons deciding through the same model verbs as the dashboard, and every message kept in step
 with its request's state.
 
-Posting and updating are the worker's (`tasks.slack_event`, `tasks.sync_slack`, the
+Posting and updating are the worker's (`tasks.sync_slack`, the
 `sweep_slack` beat), from `SlackMessage` rows: nothing here runs in the intercept. The
 interaction endpoint (`POST /slack/interactions/<connection id>`) runs in Slack's request:
 

@@ -1,8 +1,8 @@
 """Celery tasks of approvals: thin, take primary keys, claim rows with guarded updates.
 
-Beat runs the two sweeps (CELERY_BEAT_SCHEDULE in settings.py): deadlines every 2 s and
-deliveries whose message was lost every 5 s, so a worker or beat that was down catches up
-from the rows on restart.
+Beat runs the two sweeps (CELERY_BEAT_SCHEDULE in settings.py): deadlines every 2 s and the
+outbox's undispatched events every 5 s, so a worker or beat that was down catches up from
+the rows on restart. Deliveries are sent by `deliveries.tasks`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import logging
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
-from approvals import delivery, notify, slack
-from approvals.models import ApprovalRequest, SlackMessage, WebhookDelivery
+from approvals import notify, slack
+from approvals.models import ApprovalRequest, SlackMessage
 from orgs.models import Event
 from undolog_site.errors import Conflict
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 500
-# A row due this long and not held lost its message (or the queue is that far behind;
-# a duplicate message is then harmless: the claim lets one through).
+# A Slack message row not in step this long after it was written lost its task (or Slack was down).
 LOST_MESSAGE_GRACE = timedelta(seconds=10)
 
 
@@ -42,32 +42,20 @@ def sweep_deadlines() -> int:
     return decided
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def deliver(delivery_id: str) -> str:
-    return delivery.run(delivery_id)
-
-
 @shared_task(ignore_result=True)
-def sweep_deliveries() -> int:
-    """Re-enqueue deliveries that are due but unheld past the grace: their message was lost."""
-    ids = list(WebhookDelivery.objects.due(grace=LOST_MESSAGE_GRACE).values_list("pk", flat=True)[:SWEEP_BATCH])
-    for pk in ids:
-        deliver.delay(str(pk))
-    return len(ids)
-
-
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def email_event(event_id: str) -> int:
-    event = Event.objects.select_related("org", "agent").filter(pk=event_id).first()
-    return notify.email(event) if event is not None else 0
-
-
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def slack_event(event_id: str) -> str:
-    """An approval event of an org with Slack: its message row (once), then post or update."""
-    event = Event.objects.filter(pk=event_id).first()
-    row = slack.on_event(event) if event is not None else None
-    return slack.sync(row.pk) if row is not None else "no message"
+def sweep_events() -> int:
+    """The outbox: fan out events recorded more than UNDOLOG_OUTBOX_GRACE_S ago and still not
+    fanned out (the process that recorded them died, or its fan-out failed). Each dispatch
+    claims its event, so a sweep racing the recording process sends nothing twice."""
+    cutoff = timezone.now() - timedelta(seconds=settings.UNDOLOG_OUTBOX_GRACE_S)
+    pending = list(Event.objects.undispatched(cutoff).select_related("org", "agent")[:SWEEP_BATCH])
+    dispatched = 0
+    for event in pending:
+        try:
+            dispatched += notify.dispatch(event) is not None
+        except Exception:
+            log.exception("could not dispatch event %s", event.pk)
+    return dispatched
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)

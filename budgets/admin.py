@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from budgets.models import BudgetPolicy, DayCounter, Escalation, PolicyChange, Refusal, RunOutcome
+from budgets.models import BudgetPolicy, DayCounter, PolicyChange, Refusal, RunOutcome
 
 
 @admin.register(BudgetPolicy)
@@ -48,10 +48,3 @@ class PolicyChangeAdmin(ReadOnlyAdmin):
 class RunOutcomeAdmin(ReadOnlyAdmin):
     list_display = ["created", "session", "action"]
     list_filter = ["action"]
-
-
-@admin.register(Escalation)
-class EscalationAdmin(admin.ModelAdmin):
-    list_display = ["created", "agent", "url", "state", "attempts", "status_code", "next_attempt_at"]
-    list_filter = ["state"]
-    readonly_fields = [f.name for f in Escalation._meta.fields]

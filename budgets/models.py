@@ -1,10 +1,10 @@
-"""Budget policies, day counters, refusals, run outcomes and escalations (see budgets/README.md)."""
+"""Budget policies, day counters, refusals and run outcomes (see budgets/README.md).
+Escalations are `deliveries.Delivery` rows (purpose `escalation`)."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -382,49 +382,3 @@ class RunOutcome(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} after session {self.session_id}"
-
-
-class EscalationQuerySet(models.QuerySet):
-    def due(self) -> EscalationQuerySet:
-        """Waiting and due, or claimed by a worker that has not finished in time (it died)."""
-        now = timezone.now()
-        stalled = now - timedelta(seconds=Escalation.CLAIM_TIMEOUT_S)
-        return self.filter(Q(state=Escalation.State.PENDING, next_attempt_at__lte=now) |
-                           Q(state=Escalation.State.SENDING, claimed_at__lt=stalled))
-
-
-class Escalation(models.Model):
-    """One call of a budget's escalation webhook. The row, not the Celery message, is the truth."""
-
-    class State(models.TextChoices):
-        PENDING = "pending"
-        SENDING = "sending"
-        DELIVERED = "delivered"
-        FAILED = "failed"
-
-    MAX_ATTEMPTS = 8
-    BACKOFF_S = 30
-    CLAIM_TIMEOUT_S = 120
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="escalations", editable=False)
-    session_id = models.UUIDField(null=True, blank=True, editable=False)
-    url = models.CharField(max_length=500, editable=False)
-    payload = models.JSONField(default=dict, editable=False)
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    created = models.DateTimeField(default=timezone.now, editable=False)
-
-    objects = EscalationQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["-created"]
-
-    def __str__(self) -> str:
-        return f"escalation to {self.url} ({self.state})"

@@ -13,7 +13,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from budgets.models import BudgetPolicy, Escalation, Limits, RunOutcome
+from budgets.models import BudgetPolicy, Limits, RunOutcome
+from deliveries.models import Delivery
 from effects.models import Session
 from orgs.models import Agent, Event
 from undolog_site.errors import Conflict
@@ -98,14 +99,15 @@ def _fail_if_halted(session_id: Any) -> None:
 
 
 def _escalate(agent: Agent, session: Session, limits: Limits, data: dict[str, Any]) -> str | None:
+    """Queue the escalation webhook as an `escalation` delivery in the run's transaction: the
+    worker sends it signed with the org's secret, `Idempotency-Key: <delivery id>`."""
     if not limits.escalation_url:
         return None
-    from budgets import tasks
-
-    escalation = Escalation.objects.create(
-        org_id=agent.org_id, agent=agent, session_id=session.id, url=limits.escalation_url,
-        payload={"event": "budget.exceeded", "org": agent.org.slug, "agent": agent.name,
-                 "session": str(session.id), "at": timezone.now().isoformat(),
-                 **{k: v for k, v in data.items() if k != "escalation"}})
-    transaction.on_commit(lambda: tasks.deliver_escalation.delay(str(escalation.id)))
+    escalation = Delivery.objects.create(
+        org_id=agent.org_id, purpose=Delivery.Purpose.ESCALATION, agent=agent, session_id=session.id,
+        kind="budget.exceeded", url=limits.escalation_url, max_attempts=Delivery.ESCALATION_MAX_ATTEMPTS,
+        body={"event": "budget.exceeded", "org": agent.org.slug, "agent": agent.name,
+              "session": str(session.id), "at": timezone.now().isoformat(),
+              **{k: v for k, v in data.items() if k != "escalation"}})
+    escalation.enqueue_after_commit()
     return str(escalation.id)

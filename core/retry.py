@@ -1,11 +1,10 @@
-"""The one backoff of every retried outbound call: org webhooks and executors (approvals),
-escalations (budgets), and the undo walk's compensation attempts (effects).
+"""The one backoff of every retried outbound call: deliveries (org webhooks' events, executors,
+escalations, emails: `deliveries.Delivery.backoff`) and the undo walk's compensation attempts.
 
 An exponential ceiling, base · 2^(attempt − 1), capped; the wait is drawn from the top
 `spread` of it (AWS, "Exponential Backoff And Jitter"): spread 1 is full jitter (many walks
-that failed together against one receiver come back spread out: the undo walk), 0.5 keeps at
-least half the ceiling (escalations), 0 is the ceiling itself (webhook and executor
-deliveries, whose doubling UNDOLOG_WEBHOOK_RETRY_BASE_MS documents)."""
+that failed together against one receiver come back spread out: the undo walk), 0 is the
+ceiling itself (deliveries, whose doubling UNDOLOG_WEBHOOK_RETRY_BASE_MS documents)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -48,6 +49,8 @@ def sha256(text: str) -> str:
 # A run is over (completed or failed), sent inside its transaction. budgets connects the
 # on_exceeded verdict to it (budgets/apps.py): budgets reads runs, runs do not import budgets.
 session_ended = Signal()
+# Who fails a run that went silent (effects/abandon.py), in its history and events.
+ABANDON_ACTOR = "idle"
 
 class _KeepMissing(dict):
     def __missing__(self, key: str) -> str:
@@ -322,13 +325,14 @@ class Session(models.Model):
         return f"session {self.id} of {self.agent_id} ({self.state})"
 
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
-             **fields: Any) -> None:
-        """The one place session state changes: a guarded UPDATE plus its history row."""
+             guard: models.Q | None = None, **fields: Any) -> None:
+        """The one place session state changes: a guarded UPDATE plus its history row.
+        `guard` adds a condition the row must still meet (abandon: no call since the sweep looked)."""
         now = timezone.now()
         if to in self.TERMINAL or to in (self.State.FAILED, self.State.COMPENSATION_FAILED):
             fields.setdefault("ended_at", now)
         with transaction.atomic(savepoint=False):
-            changed = Session.objects.filter(pk=self.pk, state__in=allowed_from).update(
+            changed = Session.objects.filter(guard or models.Q(), pk=self.pk, state__in=allowed_from).update(
                 state=to, updated=now, **fields)
             if changed == 1:
                 SessionTransition.objects.create(session=self, from_state=self.state, to_state=to,
@@ -348,17 +352,37 @@ class Session(models.Model):
             self.move({self.State.RUNNING}, self.State.COMPLETED, actor=actor)
             self.run_ended(actor)
 
-    def fail(self, error: str, actor: str) -> None:
+    def fail(self, error: str, actor: str, *, allowed_from: frozenset[str] | None = None,
+             guard: models.Q | None = None) -> None:
         """Roll the run back: `failed` (its budget verdict applies), then `compensating`, and the
         undo walk after commit."""
         with transaction.atomic():
-            self.move(self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error, error=error)
+            self.move(allowed_from or self.OPEN | {self.State.HALTED}, self.State.FAILED, actor=actor, reason=error,
+                      guard=guard, error=error)
             # approvals' requests of this run, through their reverse relation (no import of approvals)
             for approval in self.approval_requests.pending():
                 approval.withdraw(actor)
             self.run_ended(actor)
             self.move({self.State.FAILED}, self.State.COMPENSATING, actor=actor, reason="rolling back")
             self.begin_walk(actor)
+
+    def abandon(self, timeout_s: int, now) -> None:
+        """The run went silent past its idle timeout (effects/abandon.py): fail it as abandoned,
+        with a `session.abandoned` event, in one transaction. The guarded UPDATE restates the
+        silence (still running, no intercept and no effect moved since the cutoff, no call waiting
+        for a reviewer), so a call that lands first keeps the run alive (Conflict)."""
+        cutoff = now - timedelta(seconds=timeout_s)
+        busy = Effect.objects.filter(models.Q(updated__gte=cutoff) | models.Q(state=Effect.State.PENDING),
+                                     session=models.OuterRef("pk"))
+        last = max([self.updated, *Effect.objects.filter(session=self).order_by("-updated")
+                    .values_list("updated", flat=True)[:1]])
+        silent_s = int((now - last).total_seconds())
+        error = f"abandoned: no call for {silent_s} s (run_idle_timeout_s is {timeout_s} s)"
+        with transaction.atomic():
+            self.fail(error, ABANDON_ACTOR, allowed_from=frozenset({self.State.RUNNING}),
+                      guard=models.Q(updated__lt=cutoff) & ~models.Exists(busy))
+            Event.record(self.org, "session.abandoned", agent=self.agent, session_id=self.pk, error=error,
+                         silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=last.isoformat())
 
     def run_ended(self, actor: str) -> None:
         """The run is over: its first budget violation applies on_exceeded (once, in this

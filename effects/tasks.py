@@ -17,7 +17,7 @@ from celery import shared_task
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from effects import undo
+from effects import abandon, undo
 
 logger = logging.getLogger(__name__)
 
@@ -61,3 +61,12 @@ def schedule_walk(session_id: uuid.UUID | str, at: datetime) -> None:
         # Eager mode (unit tests) runs a countdown at once; honour it, so backoffs stay real.
         time.sleep(delay)
     enqueue_walk(session_id, countdown=delay)
+
+
+@shared_task(ignore_result=True)
+def sweep_abandoned() -> int:
+    """Beat, every UNDOLOG_ABANDON_SWEEP_S: fail runs silent past their idle timeout."""
+    count = abandon.sweep()
+    if count:
+        logger.info("abandon sweep: %d run(s) failed as abandoned", count)
+    return count

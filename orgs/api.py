@@ -15,6 +15,7 @@ from typing import Any
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
 from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -24,7 +25,7 @@ from budgets.models import Limits
 from budgets.shapes import AgentBodyDict
 from core.schema import errors, ok
 from orgs import shapes
-from orgs.auth import IsAdmin
+from orgs.auth import IsAdmin, ReadViewerWriteAdmin
 from orgs.models import Agent, AgentKey
 from orgs.views import OrgScopedAPIView
 from undolog_site.errors import Conflict, NotFound
@@ -37,6 +38,15 @@ KEY_404 = errors(404, codes={404: ["agent_not_found", "key_not_found"]})
 class AgentSerializer(StrictSerializer):
     # A slug: it is a URL segment of every agent endpoint. StringField, so 7 is refused, not "7".
     name = StringField(max_length=100, validators=[validate_slug])
+
+
+class AgentSettingsSerializer(StrictSerializer):
+    run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, allow_null=True)
+
+
+def agent_settings_dict(agent: Agent) -> dict[str, Any]:
+    return {"name": agent.name, "run_idle_timeout_s": agent.run_idle_timeout_s,
+            "effective_run_idle_timeout_s": agent.idle_timeout_s}
 
 
 class KeySerializer(StrictSerializer):
@@ -123,3 +133,27 @@ class RevokeView(AgentKeys):
         if not key.revoke():
             raise Conflict(f"The key {key.display} is already revoked.", code="key_revoked")
         return Response(key_dict(key))
+
+
+class AgentSettingsView(AgentKeys):
+    """An agent's own settings (members read, admins change): today its idle timeout."""
+
+    permission_classes = [ReadViewerWriteAdmin]
+
+    @extend_schema(summary="Read an agent's settings", tags=["agents"],
+                   responses={**ok(shapes.AgentSettingsDict), **AGENT_404})
+    def get(self, request: Request, name: str) -> Response:
+        return Response(agent_settings_dict(self.get_object()))
+
+    @extend_schema(summary="Change an agent's settings (admins)", tags=["agents"], request=AgentSettingsSerializer,
+                   responses={**ok(shapes.AgentSettingsDict), **AGENT_404})
+    def patch(self, request: Request, name: str) -> Response:
+        """`run_idle_timeout_s`: seconds its runs may stay silent before they are failed as abandoned
+        (0: never; null: the org's)."""
+        data = validated(AgentSettingsSerializer, request.data, partial=True)
+        agent = self.get_object()
+        for field, value in data.items():
+            setattr(agent, field, value)
+        if data:
+            agent.save(update_fields=list(data))
+        return Response(agent_settings_dict(agent))

@@ -50,6 +50,9 @@ class Organization(models.Model):
         default=dict, blank=True, help_text='Distinct approvers a risk tag requires: {"payments": 2}.')
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret)
     email_notifications = models.BooleanField(default=False)
+    run_idle_timeout_s = models.PositiveIntegerField(
+        default=3600, help_text="A running session silent this long is failed as abandoned (0: never). "
+                                "An agent may override it.")
     created = models.DateTimeField(auto_now_add=True)
     # Bumped by database triggers (PostgreSQL) in the same transaction as any change to the org's
     # tools, compensation functions, budget policies or approval rules: the intercept caches those
@@ -116,6 +119,9 @@ class Agent(models.Model):
     name = models.SlugField(max_length=100)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     suspend_reason = models.CharField(max_length=16, choices=SuspendReason.choices, default="", blank=True)
+    run_idle_timeout_s = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="This agent's runs: overrides the org's run_idle_timeout_s (0: never; empty: the org's).")
     created = models.DateTimeField(auto_now_add=True)
 
     objects = AgentQuerySet.as_manager()
@@ -129,6 +135,13 @@ class Agent(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state == self.State.ACTIVE
+
+    @property
+    def idle_timeout_s(self) -> int:
+        """How long this agent's runs may stay silent before they are abandoned (0: never)."""
+        if self.run_idle_timeout_s is not None:
+            return self.run_idle_timeout_s
+        return self.org.run_idle_timeout_s
 
     def _move(self, allowed_from: set[str], state: str, reason: str) -> bool:
         # Guarded: two runs ending at once must not both apply on_exceeded.
@@ -314,12 +327,18 @@ class EventQuerySet(models.QuerySet):
     def for_org(self, org: Organization) -> EventQuerySet:
         return self.filter(org=org)
 
+    def undispatched(self, recorded_before) -> EventQuerySet:
+        """The outbox's backlog: recorded before `recorded_before` and not fanned out yet, oldest first."""
+        return self.filter(fanned_out_at__isnull=True, created__lt=recorded_before).order_by("created")
+
 
 class Event(models.Model):
     """The org's append-only audit stream: refusals, decisions, failures, switches.
 
-    Recorded inside the transaction that made the change; fanned out (webhooks,
-    dashboard) only after it commits, through `event_recorded`.
+    Recorded inside the transaction that made the change, and so the outbox: fanned out
+    (dashboards, webhook and email deliveries) only after it commits, through `event_recorded`,
+    by whoever claims it first (`fanned_out_at`, set once): the recording process right after
+    its commit, or the beat's sweep if that process died first (approvals/notify.py).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -329,12 +348,18 @@ class Event(models.Model):
     session_id = models.UUIDField(null=True, blank=True, db_index=True, editable=False)
     data = models.JSONField(default=dict, editable=False)
     created = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+    fanned_out_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = EventQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created"]
-        indexes = [models.Index(fields=["org", "-created"])]
+        indexes = [
+            models.Index(fields=["org", "-created"]),
+            # The outbox sweep reads only what is not fanned out yet, never the history.
+            models.Index(fields=["created"], condition=models.Q(fanned_out_at__isnull=True),
+                         name="event_undispatched"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} @ {self.created:%Y-%m-%d %H:%M:%S}"

@@ -32,3 +32,12 @@ class RotatedKeyDict(IssuedKeyDict):
     """The successor key, and the rotated one (valid until its `expires_at`)."""
 
     rotated: KeyDict
+
+
+class AgentSettingsDict(TypedDict):
+    """An agent's own settings: `run_idle_timeout_s` null means the org's applies
+    (`effective_run_idle_timeout_s`, 0: its runs are never abandoned)."""
+
+    name: str
+    run_idle_timeout_s: int | None
+    effective_run_idle_timeout_s: int

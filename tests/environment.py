@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The test suite's fault-injection points (core/faults.py) exist only with this on; the
+# servers and workers the tests start inherit it.
+os.environ["UNDOLOG_TESTING"] = "1"
+
 VAR = Path(os.environ.get("UNDOLOG_VAR_DIR", Path(__file__).resolve().parent.parent / "var"))
 if "REDIS_URL" not in os.environ:
     os.environ["REDIS_URL"] = f"unix://{VAR / 'test-redis.sock'}"

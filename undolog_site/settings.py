@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "effects",
     "approvals",
     "budgets",
+    "deliveries",
 ]
 
 MIDDLEWARE = [
@@ -161,14 +162,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "0")
 CELERY_BEAT_SCHEDULE: dict = {
-    # Escalation webhooks whose message was lost or whose worker died (rows are the truth).
-    "budgets-sweep-escalations": {"task": "budgets.tasks.sweep_escalations", "schedule": 60.0},
     # Approval deadlines: a guarded sweep of due rows, so a restarted worker catches up.
     "approvals.sweep_deadlines": {"task": "approvals.tasks.sweep_deadlines", "schedule": 2.0,
                                   "options": {"expires": 10}},
-    # Webhook deliveries and executions whose Celery message was lost.
-    "approvals.sweep_deliveries": {"task": "approvals.tasks.sweep_deliveries", "schedule": 5.0,
-                                   "options": {"expires": 30}},
+    # Deliveries (webhooks' events, executions, escalations, emails) whose message was lost
+    # or whose worker died holding them (rows are the truth).
+    "deliveries.sweep": {"task": "deliveries.tasks.sweep", "schedule": 5.0, "options": {"expires": 30}},
+    # The outbox: events whose process died before fanning them out.
+    "approvals.sweep_events": {"task": "approvals.tasks.sweep_events", "schedule": 5.0, "options": {"expires": 30}},
     # Slack messages whose post or update has not gone out (a lost message, Slack down).
     "approvals.sweep_slack": {"task": "approvals.tasks.sweep_slack", "schedule": 15.0,
                               "options": {"expires": 30}},
@@ -280,6 +281,20 @@ UNDOLOG_EXECUTOR_MAX_ATTEMPTS = envint("UNDOLOG_EXECUTOR_MAX_ATTEMPTS", "3")
 UNDOLOG_SLACK_API_URL = os.environ.get("UNDOLOG_SLACK_API_URL", "https://slack.com/api/")
 UNDOLOG_PUBLIC_URL = os.environ.get("UNDOLOG_PUBLIC_URL", "").rstrip("/")
 UNDOLOG_SLACK_MAX_ATTEMPTS = envint("UNDOLOG_SLACK_MAX_ATTEMPTS", "5")
+# The outbox (approvals/notify.py): an event not fanned out this long after it was recorded
+# (its process died between the commit and the fan-out) is fanned out by the beat's sweep.
+UNDOLOG_OUTBOX_GRACE_S = envint("UNDOLOG_OUTBOX_GRACE_S", "5")
+# Abandoned runs (effects/abandon.py): how often the beat looks for runs silent past their
+# org's (or agent's) run_idle_timeout_s.
+UNDOLOG_ABANDON_SWEEP_S = envint("UNDOLOG_ABANDON_SWEEP_S", "15")
+CELERY_BEAT_SCHEDULE["effects.sweep_abandoned"] = {
+    "task": "effects.tasks.sweep_abandoned", "schedule": float(UNDOLOG_ABANDON_SWEEP_S),
+    "options": {"expires": float(UNDOLOG_ABANDON_SWEEP_S)},
+}
+# Fault injection for the tests that kill a process at the worst moment (core/faults.py):
+# read only when the test suite says so, so a stray variable in production does nothing.
+TESTING = envbool("UNDOLOG_TESTING", "0")
+UNDOLOG_TEST_FAULT = os.environ.get("UNDOLOG_TEST_FAULT", "") if TESTING else ""
 # Longest long poll on GET /api/v1/effects/{id}?wait=
 UNDOLOG_MAX_WAIT_S = 60
 # session.updated (core/fanout.py): a run's changes within this window reach open dashboards

@@ -10,6 +10,7 @@
       approval_timeout_s: parseInt(form.approval_timeout_amount.value, 10) * parseInt(form.approval_timeout_unit.value, 10),
       auto_approve_on_timeout: form.auto_approve_on_timeout.checked,
       context_window: parseInt(form.context_window.value, 10),
+      run_idle_timeout_s: parseInt(form.run_idle_timeout_s.value, 10),
       email_notifications: form.email_notifications.checked,
       time_zone: form.time_zone.value
     };

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.models import MAX_EDIT_DEPTH, ApprovalRequest, WebhookDelivery
+from approvals.models import MAX_EDIT_DEPTH, ApprovalRequest
+from deliveries.models import Delivery
 from effects.models import Effect, canonical_json, sha256
 from orgs.models import Event
 from tests.approvals.conftest import hold, irreversible, register
@@ -91,7 +92,7 @@ def test_an_executor_gets_the_edited_args(acme):
 
     assert approve(acme, body, args={"amount": 300}).status_code == 200
 
-    delivery = WebhookDelivery.objects.get(purpose="executor")
+    delivery = Delivery.objects.get(purpose="executor")
     assert delivery.body["args"] == {"amount": 300}
     assert delivery.body["proposed_args"] == {"amount": 30000}
     assert delivery.body["args_digest"] == sha256(canonical_json({"amount": 300}))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from approvals import webhooks
-from approvals.models import DeliveryAttempt, WebhookDelivery
+from deliveries.models import Delivery, DeliveryAttempt
 from effects.models import Effect, EffectTransition, Session
 from tests.approvals.conftest import hold, irreversible, register
 from tests.approvals.receiver import Receiver
@@ -65,7 +65,7 @@ def test_a_failing_executor_is_retried_with_the_same_key_then_the_effect_fails(w
 
     assert len(receiver.requests) == 3  # UNDOLOG_EXECUTOR_MAX_ATTEMPTS
     assert {r.headers["Idempotency-Key"] for r in receiver.requests} == {held["effect"]["id"]}
-    delivery = WebhookDelivery.objects.get(effect_id=held["effect"]["id"])
+    delivery = Delivery.objects.get(effect_id=held["effect"]["id"])
     assert (delivery.state, delivery.attempts, delivery.last_status_code) == ("failed", 3, 500)
     assert list(DeliveryAttempt.objects.filter(delivery=delivery).values_list("number", flat=True)) == [1, 2, 3]
     assert "after 3 attempt(s)" in Effect.objects.get(pk=held["effect"]["id"]).error
@@ -82,7 +82,7 @@ def test_a_refused_execution_is_not_retried(worker):
     eventually(lambda: Effect.objects.get(pk=held["effect"]["id"]).state == "failed")
 
     assert len(receiver.requests) == 1
-    assert WebhookDelivery.objects.get(effect_id=held["effect"]["id"]).state == "failed"
+    assert Delivery.objects.get(effect_id=held["effect"]["id"]).state == "failed"
     receiver.close()
 
 
@@ -94,6 +94,6 @@ def test_a_rejected_call_never_reaches_its_executor(worker):
 
     acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/reject", {"reason": "no"}, format="json")
 
-    assert not WebhookDelivery.objects.filter(effect_id=held["effect"]["id"]).exists()
+    assert not Delivery.objects.filter(effect_id=held["effect"]["id"]).exists()
     assert receiver.requests == []
     receiver.close()

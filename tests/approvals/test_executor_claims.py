@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from approvals import delivery
-from approvals.models import WebhookDelivery
+from deliveries import send as delivery
+from deliveries.models import Delivery
 from effects.models import Effect
 from tests.approvals.conftest import hold, irreversible, register
 from tests.conftest import open_session
@@ -17,7 +17,7 @@ def approved_with_executor(acme, receiver) -> dict:
     held = hold(acme, "wire_money", {"amount": 5}, session=open_session(acme))
     response = acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")
     assert response.status_code == 200
-    return {**held, "delivery": WebhookDelivery.objects.get(effect_id=held["effect"]["id"])}
+    return {**held, "delivery": Delivery.objects.get(effect_id=held["effect"]["id"])}
 
 
 def test_a_caller_that_claimed_the_effect_first_runs_it_and_the_executor_does_not(acme, receiver):
@@ -27,7 +27,7 @@ def test_a_caller_that_claimed_the_effect_first_runs_it_and_the_executor_does_no
     assert delivery.run(str(held["delivery"].pk)) == "cancelled"
 
     assert receiver.requests == []
-    assert WebhookDelivery.objects.get(pk=held["delivery"].pk).state == "cancelled"
+    assert Delivery.objects.get(pk=held["delivery"].pk).state == "cancelled"
     assert Effect.objects.get(pk=held["effect"]["id"]).state == "executing"
 
 
@@ -37,7 +37,7 @@ def test_a_retry_runs_what_the_executor_claimed_on_its_first_attempt(acme, recei
 
     assert delivery.run(str(held["delivery"].pk)) == "retry"
     assert delivery.run(str(held["delivery"].pk)) == "not ours"  # not due yet: the backoff holds
-    WebhookDelivery.objects.filter(pk=held["delivery"].pk).update(next_attempt_at=timezone.now())
+    Delivery.objects.filter(pk=held["delivery"].pk).update(next_attempt_at=timezone.now())
     assert delivery.run(str(held["delivery"].pk)) == "delivered"
 
     assert len(receiver.requests) == 2

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from approvals import webhooks
-from approvals.models import DeliveryAttempt, WebhookDelivery
+from deliveries.models import Delivery, DeliveryAttempt
 from orgs.models import Event
 from tests.approvals.conftest import MAIL_DIR, hold
 from tests.approvals.receiver import Receiver
@@ -43,7 +43,7 @@ def test_a_new_request_is_delivered_signed_with_its_full_context(worker, receive
     assert (approval["reason"], approval["proposed_args"]) == ("Deletes an account for good",
                                                                {"account_id": "acct-101"})
     assert request.headers["Undolog-Event"] == "approval.requested"
-    delivery = eventually(lambda: WebhookDelivery.objects.filter(state="delivered").first())
+    delivery = eventually(lambda: Delivery.objects.filter(state="delivered").first())
     assert request.headers["Idempotency-Key"] == str(delivery.pk)
     [attempt] = DeliveryAttempt.objects.filter(delivery=delivery)
     assert (attempt.number, attempt.ok, attempt.status_code) == (1, True, 200)
@@ -59,7 +59,7 @@ def test_a_failing_receiver_is_retried_with_growing_delays_until_it_answers(work
     hold(acme)
     requests = receiver.wait_for(3)
 
-    delivery = eventually(lambda: WebhookDelivery.objects.filter(state="delivered").first())
+    delivery = eventually(lambda: Delivery.objects.filter(state="delivered").first())
     assert delivery.attempts == 3
     assert [(a.number, a.status_code, a.ok) for a in DeliveryAttempt.objects.filter(delivery=delivery)] == \
         [(1, 500, False), (2, 503, False), (3, 200, True)]
@@ -77,7 +77,7 @@ def test_a_permanent_refusal_is_not_retried(worker):
 
     hold(acme)
 
-    delivery = eventually(lambda: WebhookDelivery.objects.filter(state="failed").first())
+    delivery = eventually(lambda: Delivery.objects.filter(state="failed").first())
     assert (delivery.attempts, delivery.last_status_code) == (1, 410)
     assert len(receiver.requests) == 1
     receiver.close()
@@ -106,7 +106,7 @@ def test_a_webhook_gets_only_the_event_types_it_asked_for(worker, receiver):
 
     assert request.json()["type"] == "approval.decided"
     assert request.json()["payload"]["approval"]["decided_by"] == "acme-reviewer"
-    assert WebhookDelivery.objects.count() == 1
+    assert Delivery.objects.count() == 1
 
 
 def test_the_sweep_delivers_a_row_whose_message_was_lost(worker, receiver):
@@ -114,14 +114,14 @@ def test_the_sweep_delivers_a_row_whose_message_was_lost(worker, receiver):
     hook = subscribe(acme, receiver)
     event = Event.objects.create(org=acme.org, kind="compensation.failed", data={"error": "refund failed"})
     # The row exists (written after the event committed) but its Celery message never arrived.
-    WebhookDelivery.objects.create(org=acme.org, purpose="event", webhook_id=hook["id"], event=event,
+    Delivery.objects.create(org=acme.org, purpose="event", webhook_id=hook["id"], event=event,
                                    kind=event.kind, url=receiver.url(), body={"type": event.kind, "payload": {}},
                                    next_attempt_at=timezone.now() - timedelta(minutes=1))
 
     [request] = receiver.wait_for(1, timeout=10)
 
     assert request.json()["type"] == "compensation.failed"
-    assert eventually(lambda: WebhookDelivery.objects.get(event=event).state == "delivered")
+    assert eventually(lambda: Delivery.objects.get(event=event).state == "delivered")
 
 
 def test_reviewers_get_an_email_when_the_org_wants_one(worker):

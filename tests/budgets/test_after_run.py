@@ -12,8 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.webhooks import verify
-from budgets import tasks
-from budgets.models import DayCounter, Escalation, RunOutcome
+from budgets.models import DayCounter, RunOutcome
+from deliveries import tasks
+from deliveries.models import Delivery
 from effects.models import Session
 from orgs.models import Agent, Event
 from tests.budgets.conftest import Run, register_budget_tools, reject, set_budget
@@ -205,19 +206,20 @@ def test_escalation_retries_with_backoff_then_delivers(acme, budget_tools):
     with receiver(statuses=[503]) as (url, hits):
         set_budget(acme, max_irreversible_per_run=1, on_exceeded="escalate", escalation_url=url)
         over_the_cap(acme).complete()
-        escalation = Escalation.objects.get()
+        escalation = Delivery.objects.get(purpose="escalation")
 
-        tasks.deliver_escalation(str(escalation.id))
+        tasks.deliver(str(escalation.id))
         escalation.refresh_from_db()
-        assert (escalation.state, escalation.attempts, escalation.status_code) == ("pending", 1, 503)
+        assert (escalation.state, escalation.attempts, escalation.last_status_code) == ("pending", 1, 503)
         assert escalation.next_attempt_at > timezone.now() + timedelta(seconds=10)
 
-        tasks.deliver_escalation(str(escalation.id))  # not due yet: a redelivered message does nothing
+        tasks.deliver(str(escalation.id))  # not due yet: a redelivered message does nothing
         assert len(hits) == 1
 
-        Escalation.objects.filter(pk=escalation.pk).update(next_attempt_at=timezone.now())
-        assert tasks.sweep_escalations.apply().get() == 1  # the sweep finds it (and enqueues it)
-        tasks.deliver_escalation(str(escalation.id))
+        # Due for longer than the sweep's grace: its message was lost.
+        Delivery.objects.filter(pk=escalation.pk).update(next_attempt_at=timezone.now() - timedelta(minutes=1))
+        assert tasks.sweep.apply().get() == 1  # the sweep finds it (and enqueues it)
+        tasks.deliver(str(escalation.id))
 
     escalation.refresh_from_db()
     assert (escalation.state, escalation.attempts) == ("delivered", 2)
@@ -235,10 +237,10 @@ def test_escalate_suspends_the_agent_and_a_real_worker_calls_the_signed_webhook(
         run = over_the_cap(acme)
         assert run.complete().status_code == 200
         deadline = time.monotonic() + 20
-        while Escalation.objects.get().state != "delivered" and time.monotonic() < deadline:
+        while Delivery.objects.get(purpose="escalation").state != "delivered" and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    assert Escalation.objects.get().state == "delivered"
+    assert Delivery.objects.get(purpose="escalation").state == "delivered"
     assert len(hits) == 1
     hit = hits[0]
     assert verify([acme.org.webhook_secret], hit["headers"]["Undolog-Signature"], hit["raw"])
