@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import DeliveryAttempt, WebhookDelivery
+from core import metrics
 from core import outbound as webhooks
 from effects.models import Effect, EffectTransition
 from undolog_site.errors import Conflict
@@ -42,7 +43,9 @@ def run(delivery_id: str) -> str:
     started = timezone.now()
     result = webhooks.post(delivery.url, delivery.body, secret=delivery.secret,
                            timeout_s=delivery.timeout_ms / 1000, headers=delivery.headers())
-    return _settle(delivery, number, started, result)
+    outcome = _settle(delivery, number, started, result)
+    metrics.webhook_delivery(delivery.purpose, outcome)
+    return outcome
 
 
 def _start_execution(delivery: WebhookDelivery, number: int) -> bool:

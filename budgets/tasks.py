@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from budgets.models import Escalation
-from core import outbound, retry
+from core import metrics, outbound, retry
 
 TIMEOUT_S = 10
 MAX_COUNTDOWN_S = 3600  # never past the broker's visibility timeout (DESIGN)
@@ -28,6 +28,8 @@ def deliver_escalation(escalation_id: str) -> None:
     attempts = escalation.attempts + 1
     mine = Escalation.objects.filter(pk=escalation.pk, state=Escalation.State.SENDING,
                                      claimed_at=escalation.claimed_at)
+    metrics.webhook_delivery("escalation", "delivered" if delivery.ok else "retry" if delivery.retryable
+                             and attempts < Escalation.MAX_ATTEMPTS else "failed")
     if delivery.ok:
         mine.update(state=Escalation.State.DELIVERED, attempts=attempts, status_code=delivery.status_code,
                     last_error="", delivered_at=timezone.now())

@@ -9,12 +9,18 @@ configure hook runs.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 VAR = Path(os.environ.get("UNDOLOG_VAR_DIR", Path(__file__).resolve().parent.parent / "var"))
 if "REDIS_URL" not in os.environ:
     os.environ["REDIS_URL"] = f"unix://{VAR / 'test-redis.sock'}"
     os.environ["UNDOLOG_EMBEDDED_REDIS"] = "1"
+
+# Each test run counts its metrics in a directory of its own (the server and worker processes the
+# tests start inherit it), so a `make run` or an earlier run never adds to what a test scrapes.
+METRICS_DIR = VAR / f"test-metrics-{os.getpid()}"
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
 
 _process = None
 
@@ -28,6 +34,7 @@ def pytest_configure(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    shutil.rmtree(METRICS_DIR, ignore_errors=True)
     if _process is not None:
         from undolog_site import embedded_redis
 

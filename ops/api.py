@@ -1,0 +1,78 @@
+"""`GET /api/v1/audit/export`: the org's sealed audit records as JSON Lines, for a SIEM."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+
+from budgets.api import _moment
+from core.schema import errors
+from ops import audit
+from orgs.auth import IsAdmin
+from orgs.views import OrgScopedAPIView
+from undolog_site.pagination import bad
+
+MAX_LIMIT = 10_000
+NEXT_CURSOR = "X-Next-Cursor"
+
+
+class JSONLinesRenderer(BaseRenderer):
+    """What a client that asks for JSON Lines accepts; an error is one line too."""
+
+    media_type = "application/jsonl"
+    format = "jsonl"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        return (json.dumps(data, separators=(",", ":")) + "\n").encode() if data is not None else b""
+
+
+class AuditExportView(OrgScopedAPIView):
+    permission_classes = [IsAdmin]
+    renderer_classes = [JSONRenderer, JSONLinesRenderer]
+
+    @extend_schema(
+        summary="The audit chain as JSON Lines (admins)", tags=["streams"],
+        description=(
+            "One sealed record per line, oldest first: `{seq, kind, occurred, sealed_at, prev_hash, hash, "
+            "record}`, where `hash = sha256(prev_hash + RFC 8785 canonical JSON of record)` and the first "
+            "record's prev_hash is 64 zeros. A page holds at most `limit` records; when more follow, the "
+            "response has `X-Next-Cursor` (pass it as `cursor`) and a `Link: <…>; rel=\"next\"` header. "
+            "No header: that was the last page."),
+        parameters=[
+            OpenApiParameter("since", str, description="ISO 8601: records of events at or after it."),
+            OpenApiParameter("cursor", str, description="X-Next-Cursor of the previous page."),
+            OpenApiParameter("limit", int, description=f"Records per page, 1 to {MAX_LIMIT} (default 1000)."),
+        ],
+        responses={(200, "application/jsonl"): OpenApiResponse(OpenApiTypes.STR, description="JSON Lines."),
+                   **errors(400, codes={400: ["invalid"]})})
+    def get(self, request: Request) -> StreamingHttpResponse:
+        since, after, limit = _moment(request, "since"), _cursor(request), _limit(request)
+        records, next_cursor = audit.page(self.org, since=since, after=after, limit=limit)
+        response = StreamingHttpResponse((json.dumps(audit.export_line(r), separators=(",", ":")) + "\n"
+                                          for r in records), content_type="application/jsonl")
+        if next_cursor is not None:
+            query = {**request.query_params.dict(), "cursor": str(next_cursor)}
+            response[NEXT_CURSOR] = str(next_cursor)
+            response["Link"] = f'<{request.build_absolute_uri(request.path)}?{urlencode(query)}>; rel="next"'
+        return response
+
+
+def _cursor(request: Request) -> int:
+    raw = request.query_params.get("cursor") or "0"
+    if not raw.isdigit():
+        raise bad("cursor", "Not a cursor this API gave out: pass the previous page's X-Next-Cursor.")
+    return int(raw)
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit") or "1000"
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise bad("limit", f"Must be a whole number from 1 to {MAX_LIMIT}.")
+    return int(raw)
