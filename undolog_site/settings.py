@@ -340,5 +340,8 @@ LOGGING = {
         "celery.app.trace": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         "celery.worker.strategy": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        # Connected, mingle: start-up chatter that would push `make run`'s summary off screen
+        # (celery.apps.worker's one "ready" line stays: the tests wait for it).
+        "celery.worker.consumer": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
     },
 }
