@@ -334,12 +334,19 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "django.db.backends": {"level": "INFO"},
+        "django.db.backends": {"level": "INFO", "handlers": ["console"], "propagate": False},
         # A line per received and finished task, and per beat tick: every 2 s from the sweeps, they
         # buried everything else. Shown again with LOG_LEVEL=DEBUG.
         "celery.app.trace": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         "celery.worker.strategy": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        # The servers' own lines and Django's in the same format (one JSON object per line under
+        # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
+        **{name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+           for name in ("django", "uvicorn", "uvicorn.error", "gunicorn.error")},
+        # A line per request: the proxy in front logs those; LOG_LEVEL=DEBUG shows them here.
+        **{name: {"handlers": ["console"], "level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING",
+                  "propagate": False} for name in ("uvicorn.access", "gunicorn.access")},
         # Connected, mingle: start-up chatter that would push `make run`'s summary off screen
         # (celery.apps.worker's one "ready" line stays: the tests wait for it).
         "celery.worker.consumer": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
