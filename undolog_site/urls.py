@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from ops import metrics as ops_metrics
+from ops import views as ops_views
 from undolog_site import errors, health
 
 admin.site.site_header = "undolog admin"
@@ -28,5 +29,6 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("audit/", ops_views.audit_page, name="audit-page"),
     path("", include("approvals.dashboard_urls")),
 ]
