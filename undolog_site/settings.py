@@ -342,7 +342,7 @@ LOGGING = {
         "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         # The servers' own lines and Django's in the same format (one JSON object per line under
         # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
-        **{name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+        **{name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
            for name in ("django", "uvicorn", "uvicorn.error", "gunicorn.error")},
         # A line per request: the proxy in front logs those; LOG_LEVEL=DEBUG shows them here.
         **{name: {"handlers": ["console"], "level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING",
