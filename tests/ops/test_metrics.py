@@ -93,3 +93,23 @@ def test_it_counts_a_scripted_run_exactly(client, token, acme, receiver):
     assert after[("undolog_approvals_pending", frozenset())] == 0
     assert after[("undolog_walks_in_progress", frozenset())] == 0
     assert after[("undolog_incident_switch_on", frozenset())] == 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exposes(client, token):
+    import json
+    import re
+    from pathlib import Path
+
+    from django.conf import settings
+
+    dashboard = json.loads((Path(settings.BASE_DIR) / "docs" / "grafana-undolog.json").read_text())
+    queried = {re.sub(r"_(bucket|count|sum|total)$", "", name) for panel in dashboard["panels"]
+               for target in panel["targets"] for name in re.findall(r"undolog_\w+", target["expr"])}
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    exposed = {family.name for family in text_string_to_metric_families(response.content.decode())}
+    # A counter or histogram appears in a scrape once a process has written it; declared ones are all in core.metrics.
+    from core import metrics
+
+    declared = {m._name for m in vars(metrics).values() if hasattr(m, "_name") and hasattr(m, "_type")}
+    assert queried, "the dashboard queries nothing"
+    assert queried <= exposed | declared
