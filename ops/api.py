@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 
 from budgets.api import _moment
@@ -22,20 +22,20 @@ MAX_LIMIT = 10_000
 NEXT_CURSOR = "X-Next-Cursor"
 
 
-class JSONLinesRenderer(BaseRenderer):
-    """What a client that asks for JSON Lines accepts; an error is one line too."""
+class JSONLinesAlways(BaseContentNegotiation):
+    """The records are always JSON Lines and errors always JSON, whatever `Accept` says (a SIEM
+    may ask for application/x-ndjson, application/jsonl or */*): no 406 for a spelling."""
 
-    media_type = "application/jsonl"
-    format = "jsonl"
-    charset = "utf-8"
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
 
-    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
-        return (json.dumps(data, separators=(",", ":")) + "\n").encode() if data is not None else b""
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
 
 
 class AuditExportView(OrgScopedAPIView):
     permission_classes = [IsAdmin]
-    renderer_classes = [JSONRenderer, JSONLinesRenderer]
+    content_negotiation_class = JSONLinesAlways
 
     @extend_schema(
         summary="The audit chain as JSON Lines (admins)", tags=["streams"],

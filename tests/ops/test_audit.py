@@ -181,3 +181,13 @@ def test_the_export_refuses_a_bad_cursor_or_limit(acme):
 
 def test_the_export_answers_401_without_credentials(client):
     assert client.get("/api/v1/audit/export").status_code == 401
+
+
+def test_the_export_answers_whatever_the_client_accepts(acme):
+    refusals(acme, 1)
+    audit.seal(acme.org.id)
+
+    for accept in ("application/x-ndjson", "application/jsonl", "text/plain", "*/*"):
+        response = acme.admin.get("/api/v1/audit/export", HTTP_ACCEPT=accept)
+        assert response.status_code == 200
+        assert response["Content-Type"] == "application/jsonl"
