@@ -2,4 +2,4 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
-from undolog_site.wsgi import application  # noqa: E402, F401  (traces set up there when configured)
+from undolog_site.wsgi import application  # noqa: F401  (traces set up there when configured)

@@ -1,4 +1,5 @@
-"""`GET /api/v1/audit/export`: the org's sealed audit records as JSON Lines, for a SIEM."""
+"""`GET /api/v1/audit/export` (the org's sealed audit records as JSON Lines, for a SIEM) and
+`GET|PATCH /api/v1/org/retention` (how long the org keeps what piles up)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ from urllib.parse import urlencode
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from budgets.api import _moment
-from core.schema import errors
-from ops import audit
-from orgs.auth import IsAdmin
+from core.schema import errors, ok
+from ops import audit, shapes
+from ops.models import DAYS, Retention
+from orgs.auth import IsAdmin, ReadViewerWriteAdmin
 from orgs.views import OrgScopedAPIView
 from undolog_site.pagination import bad
+from undolog_site.validation import StrictSerializer, validated
 
 MAX_LIMIT = 10_000
 NEXT_CURSOR = "X-Next-Cursor"
@@ -76,3 +81,26 @@ def _limit(request: Request) -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
         raise bad("limit", f"Must be a whole number from 1 to {MAX_LIMIT}.")
     return int(raw)
+
+
+class RetentionSerializer(StrictSerializer):
+    safe_call_days = serializers.IntegerField(required=False, validators=DAYS)
+    transition_days = serializers.IntegerField(required=False, validators=DAYS)
+    event_days = serializers.IntegerField(required=False, validators=DAYS)
+    session_days = serializers.IntegerField(required=False, validators=DAYS)
+
+
+class RetentionView(OrgScopedAPIView):
+    permission_classes = [ReadViewerWriteAdmin]
+
+    @extend_schema(summary="Read the org's retention", tags=["org"], responses=ok(shapes.RetentionBodyDict))
+    def get(self, request: Request) -> Response:
+        return Response({"retention": Retention.of(self.org).as_dict()})
+
+    @extend_schema(summary="Change the org's retention (admins)", tags=["org"], request=RetentionSerializer,
+                   responses=ok(shapes.RetentionBodyDict))
+    def patch(self, request: Request) -> Response:
+        """Days, from 1 to 36500; the next purge (hourly) applies them. Audited as `policy.retention_changed`."""
+        retention = Retention.of(self.org)
+        retention.change(validated(RetentionSerializer, request.data), self.caller.label)
+        return Response({"retention": retention.as_dict()})

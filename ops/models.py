@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from django.db import models
+from typing import Any
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models, transaction
 from django.utils import timezone
 
-from orgs.models import Organization
+from orgs.models import Event, Organization
 
 GENESIS = "0" * 64
 
@@ -53,19 +56,23 @@ class AuditRecord(models.Model):
         return f"#{self.seq} {self.kind}"
 
 
+# At least a day (nothing is deleted the hour it happened), at most a century.
+DAYS = [MinValueValidator(1), MaxValueValidator(36500)]
+
+
 class Retention(models.Model):
     """How long an org keeps what piles up (days); an org without a row keeps the defaults."""
 
     DEFAULTS = {"safe_call_days": 30, "transition_days": 90, "event_days": 365, "session_days": 90}
 
     org = models.OneToOneField(Organization, on_delete=models.CASCADE, primary_key=True, related_name="retention")
-    safe_call_days = models.PositiveIntegerField(default=DEFAULTS["safe_call_days"],
+    safe_call_days = models.PositiveIntegerField(default=DEFAULTS["safe_call_days"], validators=DAYS,
                                                  help_text="SAFE calls the agent reported.")
-    transition_days = models.PositiveIntegerField(default=DEFAULTS["transition_days"],
+    transition_days = models.PositiveIntegerField(default=DEFAULTS["transition_days"], validators=DAYS,
                                                   help_text="State history of closed sessions and their effects.")
-    event_days = models.PositiveIntegerField(default=DEFAULTS["event_days"],
+    event_days = models.PositiveIntegerField(default=DEFAULTS["event_days"], validators=DAYS,
                                              help_text="Events (audit-worthy ones only once sealed).")
-    session_days = models.PositiveIntegerField(default=DEFAULTS["session_days"],
+    session_days = models.PositiveIntegerField(default=DEFAULTS["session_days"], validators=DAYS,
                                                help_text="Closed sessions, with their effects and undo entries.")
 
     def __str__(self) -> str:
@@ -74,3 +81,17 @@ class Retention(models.Model):
     @classmethod
     def of(cls, org: Organization) -> Retention:
         return cls.objects.filter(org=org).first() or cls(org=org)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.DEFAULTS}
+
+    def change(self, changes: dict[str, Any], actor: str) -> None:
+        """Save the new periods and record who changed what (`policy.retention_changed`, audited)."""
+        before = self.as_dict()
+        for name, value in changes.items():
+            setattr(self, name, value)
+        diff = {name: [before[name], value] for name, value in self.as_dict().items() if before[name] != value}
+        with transaction.atomic():
+            self.save()
+            if diff:
+                Event.record(self.org, "policy.retention_changed", by=actor, changes=diff)

@@ -4,4 +4,5 @@ from ops import api
 
 urlpatterns = [
     path("audit/export", api.AuditExportView.as_view(), name="audit-export"),
+    path("org/retention", api.RetentionView.as_view(), name="org-retention"),
 ]

@@ -120,3 +120,36 @@ def test_purge_dry_run_command_counts_without_deleting(acme, tools, archive, cap
     assert not archive.exists()
     call_command("purge", "--org", "acme")
     assert not Session.objects.filter(pk=session_id).exists()
+
+
+# ---------------------------------------------------------------- GET|PATCH /api/v1/org/retention
+
+def test_members_read_the_retention_and_admins_change_it_audited(acme):
+    assert acme.viewer.get("/api/v1/org/retention").json() == {"retention": Retention.DEFAULTS}
+
+    response = acme.admin.patch("/api/v1/org/retention", {"event_days": 730, "safe_call_days": 7}, format="json")
+
+    assert response.status_code == 200
+    assert response.json()["retention"] == {**Retention.DEFAULTS, "event_days": 730, "safe_call_days": 7}
+    assert Retention.objects.get(org=acme.org).event_days == 730
+    event = Event.objects.get(org=acme.org, kind="policy.retention_changed")
+    assert event.data["changes"] == {"event_days": [365, 730], "safe_call_days": [30, 7]}
+    assert acme.admin.user.username in event.data["by"]
+    assert audit.is_audited(event.kind)
+
+
+def test_only_admins_change_the_retention_and_bad_values_write_nothing(acme, outsider):
+    assert acme.reviewer.patch("/api/v1/org/retention", {"event_days": 1}, format="json").status_code == 403
+    assert acme.api.get("/api/v1/org/retention").status_code == 403
+    for body in ({"event_days": 0}, {"event_days": 36501}, {"event_days": "ten"}, {"purge_everything": True},
+                 {"session_days": True}):
+        response = acme.admin.patch("/api/v1/org/retention", body, format="json")
+        assert response.status_code == 400, body
+    assert not Retention.objects.filter(org=acme.org).exists()
+    acme.admin.patch("/api/v1/org/retention", {"event_days": 400}, format="json")
+    assert outsider.admin.get("/api/v1/org/retention").json()["retention"]["event_days"] == 365
+
+
+def test_the_retention_endpoint_answers_401_without_credentials_and_405_to_post(acme, client):
+    assert client.get("/api/v1/org/retention").status_code == 401
+    assert acme.admin.post("/api/v1/org/retention", {}, format="json").status_code == 405

@@ -26,14 +26,16 @@ from .errors import UndoLogConnectionError, UndoLogError, error_from_response
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-try:  # the `otel` extra: requests carry the caller's trace (W3C traceparent), so the server's spans join it
+# The `otel` extra: requests carry the caller's trace (W3C traceparent); the server's spans join it.
+try:
     from opentelemetry import propagate as _propagate
 except ImportError:  # pragma: no cover - the core SDK needs only httpx
     _propagate = None
 
 
 def trace_headers() -> dict[str, str]:
-    """``traceparent`` (and ``tracestate``) of the current span; empty without OpenTelemetry or a span."""
+    """``traceparent`` (and ``tracestate``) of the current span; empty without OpenTelemetry
+    or outside a span."""
     if _propagate is None:
         return {}
     carrier: dict[str, str] = {}
