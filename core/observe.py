@@ -19,15 +19,27 @@ _FAST = {201: "execute", 200: "replay"}
 
 def intercept(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
     started = time.perf_counter()
+    response = _traced(request, session_id, answer) if tracing.on() else answer()
+    fast = response.get("X-Undolog-Path") == "fast"
+    if fast:
+        tier, decision = "compensable", _FAST.get(response.status_code, "error")
+    else:
+        tier, decision = _outcome(response, _body(response, fast=False))
+    metrics.intercepted(tier, decision, "fast" if fast else "slow", time.perf_counter() - started)
+    return response
+
+
+def _traced(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
     with tracing.span("execute_tool", **{"gen_ai.operation.name": "execute_tool",
                                           "undolog.session.id": session_id}) as span:
         response = answer()
         fast = response.get("X-Undolog-Path") == "fast"
-        body = _body(response, fast) if span is not None or not fast else None
-        tier, decision = ("compensable", _FAST.get(response.status_code, "error")) if fast else _outcome(response, body)
-        if span is not None:
-            _annotate(span, request, body or {}, tier, decision)
-    metrics.intercepted(tier, decision, "fast" if fast else "slow", time.perf_counter() - started)
+        body = _body(response, fast)
+        if fast:
+            tier, decision = "compensable", _FAST.get(response.status_code, "error")
+        else:
+            tier, decision = _outcome(response, body)
+        _annotate(span, request, body, tier, decision)
     return response
 
 
@@ -41,8 +53,7 @@ def _body(response: HttpResponse, fast: bool) -> dict[str, Any]:
         return {}
 
 
-def _outcome(response: HttpResponse, body: dict[str, Any] | None) -> tuple[str, str]:
-    body = body or {}
+def _outcome(response: HttpResponse, body: dict[str, Any]) -> tuple[str, str]:
     effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
     decision = body.get("decision") or body.get("error") or str(response.status_code)
     return effect.get("tier") or "none", decision

@@ -79,6 +79,10 @@ def _instrument() -> None:
     PsycopgInstrumentor().instrument(enable_commenter=False, skip_dep_check=True)
 
 
+def on() -> bool:
+    return _tracer is not None
+
+
 @contextmanager
 def span(name: str, kind: str = "INTERNAL", **attributes: Any):
     """A span under the current one, or nothing (yields None) while tracing is off."""

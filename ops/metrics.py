@@ -69,6 +69,7 @@ def view(request: HttpRequest) -> HttpResponse:
                             headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
         return HttpResponse("wrong token\n", status=403, content_type="text/plain")
+    metrics.flush()  # this process's last second of intercepts
     try:
         body = generate_latest(registry())
     finally:
