@@ -95,9 +95,12 @@ def test_one_trace_runs_from_an_sdk_call_through_the_worker_and_its_webhook(acme
                     agent_tools.send_email("a@x.io")
                     raise RuntimeError("the agent fell over")  # the run fails: its undo stack is walked
             trace_id = format(root.get_span_context().trace_id, "032x")
-            (delivery,) = eventually(lambda: receiver.log)
+            (delivery,) = eventually(lambda: receiver.log, timeout=60)
+            # The worker exports in batches from a thread: on a loaded machine that can take a while.
             worker_post = eventually(lambda: [s for s in collector.of_trace(trace_id)
-                                              if s.service == "undolog-worker" and s.name == "POST"])
+                                              if s.service == "undolog-worker" and s.name == "POST"], timeout=60)
+            eventually(lambda: any("walk_undo_stack" in s.name for s in collector.of_trace(trace_id)
+                                   if s.service == "undolog-worker"), timeout=60)
             client.close()
 
     assert delivery.verified
