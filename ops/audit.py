@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ops.models import GENESIS, AuditChain, AuditRecord, Retention
+from ops.models import GENESIS, AuditChain, AuditRecord
 from orgs.models import Event, Organization
 
 # The kinds of event that are sealed: decisions, refusals, policy and rule changes, incident
@@ -144,7 +144,7 @@ def verify(org: Organization, *, record: bool = True) -> Broken | None:
 
     Each record: its number follows the previous one, its prev_hash is the previous hash, its hash
     is sha256(prev_hash + canonical), and its event, while kept, still has that canonical JSON
-    (an event gone before its retention ran out counts as deleted by hand)."""
+    (an event gone that retention did not delete counts as deleted by hand)."""
     found = _walk(org)
     if record:
         AuditChain.objects.filter(org=org).update(
@@ -155,12 +155,11 @@ def verify(org: Organization, *, record: bool = True) -> Broken | None:
 
 def _walk(org: Organization) -> Broken | None:
     chain = AuditChain.objects.filter(org=org).first() or AuditChain(org=org)
-    kept_since = timezone.now() - timedelta(days=Retention.of(org).event_days)
     prev, expected = GENESIS, 1
     for records in _chunks(AuditRecord.objects.filter(org=org).order_by("seq")):
         events = Event.objects.in_bulk([r.event_id for r in records])
         for r in records:
-            broken = _check(r, expected, prev, events.get(r.event_id), kept_since)
+            broken = _check(r, expected, prev, events.get(r.event_id))
             if broken is not None:
                 return broken
             prev, expected = r.hash, r.seq + 1
@@ -170,7 +169,7 @@ def _walk(org: Organization) -> Broken | None:
     return None
 
 
-def _check(r: AuditRecord, expected: int, prev: str, event: Event | None, kept_since: datetime) -> Broken | None:
+def _check(r: AuditRecord, expected: int, prev: str, event: Event | None) -> Broken | None:
     event_id = str(r.event_id)
     if r.seq != expected:
         return Broken(expected, f"record #{expected} is missing (the next one is #{r.seq})")
@@ -179,8 +178,8 @@ def _check(r: AuditRecord, expected: int, prev: str, event: Event | None, kept_s
     if link(prev, r.canonical) != r.hash:
         return Broken(r.seq, "its hash does not match its content", event_id)
     if event is None:
-        if r.occurred >= kept_since:
-            return Broken(r.seq, f"its {r.kind} event was deleted before its retention ran out", event_id)
+        if r.event_purged_at is None:
+            return Broken(r.seq, f"its {r.kind} event was deleted, not by retention", event_id)
         return None
     if canonical(event) != r.canonical:
         return Broken(r.seq, f"its {r.kind} event was changed after it was sealed", event_id)

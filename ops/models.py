@@ -36,7 +36,8 @@ class AuditRecord(models.Model):
     """One sealed link: an audit-worthy event's canonical JSON (RFC 8785) and
     `hash = sha256(prev_hash + canonical)`. Kept after retention deletes the event itself, so the
     chain verifies for as long as it is kept; while the event exists, verify re-derives the
-    canonical JSON from it, so an edited event row breaks its link."""
+    canonical JSON from it, so an edited event row breaks its link, and an event gone without
+    `event_purged_at` (retention sets it as it deletes) was deleted by hand."""
 
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", editable=False)
     seq = models.BigIntegerField(editable=False)
@@ -47,6 +48,8 @@ class AuditRecord(models.Model):
     prev_hash = models.CharField(max_length=64, editable=False)
     hash = models.CharField(max_length=64, editable=False)
     sealed_at = models.DateTimeField(default=timezone.now, editable=False)
+    event_purged_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                           help_text="When retention deleted the event (archived first).")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["org", "seq"], name="ops_auditrecord_org_seq")]

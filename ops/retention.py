@@ -46,6 +46,13 @@ class Target:
     rows: Callable[[Organization, datetime], models.QuerySet]
     # Rows that go with one of these (a session's effects...), archived before the cascade removes them.
     related: tuple[tuple[type[models.Model], str], ...] = ()
+    # Called with the ids of a batch, in its transaction, before it is deleted.
+    before_delete: Callable[[list], None] | None = None
+
+
+def _mark_purged(event_ids: list) -> None:
+    # The chain's records stay; verify must know the event went by retention, not by hand.
+    AuditRecord.objects.filter(event_id__in=event_ids).update(event_purged_at=timezone.now())
 
 
 def _closed(org: Organization, before: datetime) -> models.QuerySet:
@@ -66,7 +73,7 @@ TARGETS = [
     Target("effect_transitions", "transition_days",
            lambda org, before: EffectTransition.objects.filter(effect__session__in=_closed(org, before),
                                                                created__lt=before)),
-    Target("events", "event_days", _events),
+    Target("events", "event_days", _events, before_delete=_mark_purged),
     Target("sessions", "session_days", _closed,
            related=((Effect, "session_id"), (UndoEntry, "session_id"), (UndoAttempt, "entry__session_id"),
                     (ApprovalRequest, "session_id"), (SafeCall, "session_id"), (SessionTransition, "session_id"),
@@ -99,6 +106,8 @@ def _archive_and_delete(org: Organization, target: Target, rows: models.QuerySet
             for model, field in target.related:
                 _write(org, f"{target.name}.{model._meta.model_name}", stamp,
                        model.objects.filter(**{f"{field}__in": ids}))
+            if target.before_delete is not None:
+                target.before_delete(ids)
             batch.delete()
         done += len(ids)
 

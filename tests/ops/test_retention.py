@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoEntry
 from ops import audit, retention
-from ops.models import Retention
+from ops.models import AuditRecord, Retention
 from orgs.models import Event
 from tests.conftest import intercept, open_session
 
@@ -97,6 +97,9 @@ def test_purge_removes_exactly_what_is_past_retention_and_archives_it_first(acme
     assert {row["id"] for row in lines(directory, "events")} == {str(old_event.pk), str(sealed.pk)}
     assert retention.purge(acme.org) == dict.fromkeys(counts, 0)  # nothing left to purge
     assert audit.verify(acme.org) is None  # a sealed event past its retention may go: its record remains
+    assert AuditRecord.objects.get(event_id=sealed.pk).event_purged_at is not None
+    Retention.objects.filter(org=acme.org).update(event_days=3650)  # a longer retention later changes nothing
+    assert audit.verify(acme.org) is None
 
 
 def test_an_org_without_a_retention_row_keeps_the_documented_defaults(acme, tools, archive):
