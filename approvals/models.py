@@ -366,6 +366,8 @@ EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
     "incident.changed", "session.updated",
+    # For the audit chain (ops/audit.py): budget and retention changes, hand resolutions, undone runs.
+    "policy.changed", "policy.retention_changed", "undo_entry.resolved", "session.compensated",
 ]
 
 

@@ -116,7 +116,8 @@ def _finish(session_id: uuid.UUID | str) -> None:
             session.move({Session.State.COMPENSATING}, Session.State.COMPENSATED, actor=ACTOR,
                          reason="undo stack walked back")
             # The audit chain's record that the run was undone (ops/audit.py seals it).
-            Event.record(Organization(pk=session.org_id), "session.compensated", session_id=session.pk)
+            org = Organization(pk=session.org_id)  # Event.record needs only its id: no query
+            Event.record(org, "session.compensated", session_id=session.pk)
     except Conflict:
         pass  # a second walker finished it a moment earlier
 
