@@ -22,6 +22,9 @@ if "REDIS_URL" not in os.environ:
 METRICS_DIR = VAR / f"test-metrics-{os.getpid()}"
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
 
+# setupdemo's tests must not overwrite the key `make run` saved for the developer.
+os.environ["UNDOLOG_DEMO_KEY_FILE"] = str(VAR / "test-demo-agent.key")
+
 _process = None
 
 

@@ -84,7 +84,7 @@ def _wait_until_up(host: str, port: str, server: subprocess.Popen, timeout: floa
 def summary(host: str, port: str, var: Path) -> str:
     """One box: where to go, how to log in, the demo key and where it is kept."""
     base = f"http://{host}:{port}"
-    key_file = var / "demo-agent.key"
+    key_file = Path(os.environ.get("UNDOLOG_DEMO_KEY_FILE", var / "demo-agent.key"))
     key = key_file.read_text().strip() if key_file.exists() else ""
     lines = [
         "undolog is running (Ctrl-C stops the server, the worker and Redis)",
@@ -95,9 +95,11 @@ def summary(host: str, port: str, var: Path) -> str:
     ]
     if os.environ.get("UNDOLOG_METRICS_TOKEN"):
         lines.append(f"Metrics     {base}/metrics      (Authorization: Bearer $UNDOLOG_METRICS_TOKEN)")
-    lines += ["", f"Demo agent key  {key}" if key else "Demo agent key  issue one on the dashboard's Agents page",
-              f"                saved in {key_file}" if key else "",
-              "", f"Try it:  PORT={port} make demo"]
+    if key:
+        lines += ["", f"Demo agent key  {key}", f"                saved in {key_file}"]
+    else:
+        lines += ["", "Demo agent key  issue one on the dashboard's Agents page (as admin)"]
+    lines += ["", f"Try it:  PORT={port} make demo"]
     width = max(len(line) for line in lines) + 2
     body = [f"│ {line.ljust(width - 1)}│" for line in lines]
     return "\n".join([f"┌{'─' * width}┐", *body, f"└{'─' * width}┘"])

@@ -316,6 +316,9 @@ CELERY_BEAT_SCHEDULE["ops.seal_audit"] = {"task": "ops.tasks.seal_audit", "sched
 UNDOLOG_ARCHIVE_DIR = Path(os.environ.get("UNDOLOG_ARCHIVE_DIR", VAR_DIR / "archive"))
 CELERY_BEAT_SCHEDULE["ops.purge"] = {"task": "ops.tasks.purge", "schedule": 3600.0, "options": {"expires": 600}}
 
+# Where `make run`'s setupdemo keeps the demo agent's key (the tests point it elsewhere).
+UNDOLOG_DEMO_KEY_FILE = Path(os.environ.get("UNDOLOG_DEMO_KEY_FILE", VAR_DIR / "demo-agent.key"))
+
 # Logs: LOG_FORMAT=json for one JSON object per line; every line of a request carries its id.
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "text").strip().lower()
 if LOG_FORMAT not in ("text", "json"):
@@ -342,8 +345,10 @@ LOGGING = {
         "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
         # The servers' own lines and Django's in the same format (one JSON object per line under
         # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
-        **{name: {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False}
-           for name in ("django", "uvicorn", "uvicorn.error", "gunicorn.error")},
+        "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # No level: the server's own --log-level keeps deciding (make run asks uvicorn for warnings only).
+        **{name: {"handlers": ["console"], "propagate": False}
+           for name in ("uvicorn", "uvicorn.error", "gunicorn.error")},
         # A line per request: the proxy in front logs those; LOG_LEVEL=DEBUG shows them here.
         **{name: {"handlers": ["console"], "level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING",
                   "propagate": False} for name in ("uvicorn.access", "gunicorn.access")},

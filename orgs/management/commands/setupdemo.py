@@ -33,7 +33,7 @@ class Command(BaseCommand):
 
 def key_path() -> Path:
     """Where `make run` keeps the demo agent's key, so its summary can show it on every start."""
-    return Path(settings.VAR_DIR) / "demo-agent.key"
+    return Path(settings.UNDOLOG_DEMO_KEY_FILE)
 
 
 def save_key(raw: str) -> Path:
