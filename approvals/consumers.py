@@ -132,6 +132,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def grant_revoked(self, message: dict) -> None:
         await self.forward(message)
 
+    async def policy_changed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def policy_retention_changed(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def undo_entry_resolved(self, message: dict) -> None:
+        await self.forward(message)
+
+    async def session_compensated(self, message: dict) -> None:
+        await self.forward(message)
+
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)

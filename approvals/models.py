@@ -598,6 +598,8 @@ EVENT_KINDS = [
     "rule.changed", "rule.observed",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
     "incident.changed", "session.updated", "session.abandoned", "grant.issued", "grant.revoked",
+    # For the audit chain (ops/audit.py): budget and retention changes, hand resolutions, undone runs.
+    "policy.changed", "policy.retention_changed", "undo_entry.resolved", "session.compensated",
 ]
 
 

@@ -38,7 +38,7 @@ def sweep_deadlines() -> int:
             approval.expire()
             decided += 1
         except Conflict as exc:
-            log.info("approval %s not expired: %s", pk, exc.message)  # decided or extended first
+            log.debug("approval %s not expired: %s", pk, exc.message)  # decided or extended first
     return decided
 
 

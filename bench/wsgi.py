@@ -1,6 +1,5 @@
 import os
 
-from django.core.wsgi import get_wsgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
-application = get_wsgi_application()
+
+from undolog_site.wsgi import application  # noqa: F401  (traces set up there when configured)

@@ -160,6 +160,8 @@ class BudgetPolicy(models.Model):
         after = self.settings()
         diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
         PolicyChange.objects.create(org_id=self.org_id, agent_id=self.agent_id, actor=actor, changes=diff)
+        # For the audit chain (ops/audit.py) and the org's event stream.
+        Event.record(self.org, "policy.changed", agent=self.agent, by=actor, changes=diff)
 
     def switch_incident(self, on: bool, actor: str) -> bool:
         """The org default row's incident switch, with its history row and event. Whether it

@@ -26,6 +26,8 @@ import certifi
 import httpx
 from django.conf import settings
 
+from core import tracing
+
 SIGNATURE_HEADER = "Undolog-Signature"
 TOLERANCE_S = 300
 
@@ -99,8 +101,17 @@ def post(url: str, payload: dict, *, secret: str, timeout_s: float,
     body = json.dumps(payload, separators=(",", ":")).encode()
     all_headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(secret, body),
                    "User-Agent": "undolog-webhooks/1", **(headers or {})}
+    with tracing.span("POST", "CLIENT", **{"http.request.method": "POST", "url.full": url}) as span:
+        # The receiver continues the caller's trace (the walk's task, the approval's request).
+        delivery = _send(url, body, tracing.inject(all_headers), timeout_s, started)
+        if span is not None and delivery.status_code is not None:
+            span.set_attribute("http.response.status_code", delivery.status_code)
+    return delivery
+
+
+def _send(url: str, body: bytes, headers: dict[str, str], timeout_s: float, started: float) -> Delivery:
     try:
-        response = _client().post(url, content=body, headers=all_headers, timeout=timeout_s)
+        response = _client().post(url, content=body, headers=headers, timeout=timeout_s)
     except httpx.TimeoutException:
         return Delivery(False, None, f"timed out after {timeout_s:g} s", _ms(started))
     except httpx.HTTPError as exc:

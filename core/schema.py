@@ -66,6 +66,7 @@ class ErrorDict(typing.TypedDict):
     error: str
     message: str
     fields: NotRequired[dict[str, Any]]
+    request_id: NotRequired[str]  # the request's X-Request-ID: the same id is on its log lines
 
 
 # What each status means, and the codes it may carry (DESIGN.md's API contract).

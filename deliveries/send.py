@@ -18,7 +18,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
-from core import outbound
+from core import metrics, outbound
 from deliveries.models import Delivery, DeliveryAttempt
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,9 @@ def run(delivery_id: str) -> str:
     result = _email(delivery) if delivery.purpose == Delivery.Purpose.EMAIL else outbound.post(
         delivery.url, delivery.body, secret=delivery.secret, timeout_s=delivery.timeout_ms / 1000,
         headers=delivery.headers())
-    return _settle(delivery, number, started, result, purpose)
+    outcome = _settle(delivery, number, started, result, purpose)
+    metrics.webhook_delivery(delivery.purpose, outcome)
+    return outcome
 
 
 def _email(delivery: Delivery) -> outbound.Delivery:

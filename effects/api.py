@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from approvals.models import ApprovalRequest
 from budgets.bodies import budget_body
+from core import observe
 from core.outbound import check_target
 from core.schema import constrain, errors, ok
 from effects import claims, fastpath, longpoll, shapes
@@ -346,8 +347,14 @@ class SessionViewSet(OrgScopedViewSet):
         return sessions.filter(agent=caller.agent) if caller.agent else sessions
 
     def dispatch(self, request, *args, **kwargs):
+        if self.action_map.get(request.method.lower()) == "intercept":
+            # Its span and metrics (core/observe.py) around whichever path answers.
+            return observe.intercept(request, kwargs["pk"], lambda: self._intercept(request, *args, **kwargs))
+        return super().dispatch(request, *args, **kwargs)
+
+    def _intercept(self, request, *args, **kwargs):
         # The hot path first: one statement when it can answer, else DRF and the full pipeline.
-        if self.action_map.get(request.method.lower()) == "intercept" and fastpath.available():
+        if fastpath.available():
             answer = fastpath.intercept(request, kwargs["pk"])
             if answer is not None:
                 return answer

@@ -822,6 +822,9 @@ class UndoEntry(models.Model):
             session = Session.objects.get(pk=self.session_id)
             session.move({Session.State.COMPENSATION_FAILED}, Session.State.COMPENSATING, actor=actor,
                          reason=f"step {self.step_index} resolved by hand")
+            Event.record(session.org, "undo_entry.resolved", agent=session.agent, session_id=session.id,
+                         undo_entry=str(self.id), effect=str(self.effect_id), step_index=self.step_index,
+                         fn_name=self.fn_name, by=actor, note=note[:2000])
             session.begin_walk(actor)
 
     def as_dict(self) -> dict[str, Any]:

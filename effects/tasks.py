@@ -40,7 +40,7 @@ def sweep_undo_walks() -> int:
     for session_id in due:
         enqueue_walk(session_id)
     if due:
-        logger.info("undo sweep: re-enqueued %d walk(s)", len(due))
+        logger.debug("undo sweep: re-enqueued %d walk(s)", len(due))
     return len(due)
 
 

@@ -20,10 +20,10 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from core import retry
+from core import metrics, retry
 from effects import fastpath, handlers, longpoll
 from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry, canonical_json
-from orgs.models import Event
+from orgs.models import Event, Organization
 from undolog_site.errors import Conflict
 
 logger = logging.getLogger(__name__)
@@ -112,8 +112,12 @@ def _finish(session_id: uuid.UUID | str) -> None:
     if session is None:
         return
     try:
-        session.move({Session.State.COMPENSATING}, Session.State.COMPENSATED, actor=ACTOR,
-                     reason="undo stack walked back")
+        with transaction.atomic():
+            session.move({Session.State.COMPENSATING}, Session.State.COMPENSATED, actor=ACTOR,
+                         reason="undo stack walked back")
+            # The audit chain's record that the run was undone (ops/audit.py seals it).
+            org = Organization(pk=session.org_id)  # Event.record needs only its id: no query
+            Event.record(org, "session.compensated", session_id=session.pk)
     except Conflict:
         pass  # a second walker finished it a moment earlier
 
@@ -153,6 +157,7 @@ def _log_lost(entry: UndoEntry, number: int, since: datetime | None, now: dateti
     UndoAttempt.objects.get_or_create(entry=entry, number=number, defaults={
         "started_at": started, "duration_ms": int((now - started).total_seconds() * 1000),
         "outcome": UndoAttempt.Outcome.LOST, "error": LOST_ERROR})
+    metrics.compensation(UndoAttempt.Outcome.LOST)
 
 
 def _record(entry: UndoEntry, number: int, result: handlers.Result) -> None:
@@ -260,6 +265,7 @@ def _compensated_at_once(entry: UndoEntry, number: int, started: datetime, now: 
     if not row or not row[0]:
         return _fenced_out(entry, number)
     entry.announce(UndoEntry.State.RUNNING, UndoEntry.State.COMPENSATED)
+    metrics.compensation(UndoAttempt.Outcome.SUCCESS)
     entry.state, entry.lease_until, entry.updated = UndoEntry.State.COMPENSATED, None, now
     _effect_moved(entry.effect, row[1], Effect.State.COMPENSATED, now, entry.effect.state)
     return None
@@ -284,6 +290,7 @@ def _fenced_out(entry: UndoEntry, number: int) -> None:
 
 def _log(entry: UndoEntry, number: int, started: datetime, result: handlers.Result, outcome: str,
          retry_delay_ms: int | None = None) -> None:
+    transaction.on_commit(lambda: metrics.compensation(outcome))
     UndoAttempt.objects.create(entry=entry, number=number, started_at=started, duration_ms=result.duration_ms,
                                outcome=outcome, status_code=result.status_code, error=result.error[:10_000],
                                retry_delay_ms=retry_delay_ms)

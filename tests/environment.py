@@ -9,6 +9,7 @@ configure hook runs.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 # The test suite's fault-injection points (core/faults.py) exist only with this on; the
@@ -19,6 +20,14 @@ VAR = Path(os.environ.get("UNDOLOG_VAR_DIR", Path(__file__).resolve().parent.par
 if "REDIS_URL" not in os.environ:
     os.environ["REDIS_URL"] = f"unix://{VAR / 'test-redis.sock'}"
     os.environ["UNDOLOG_EMBEDDED_REDIS"] = "1"
+
+# Each test run counts its metrics in a directory of its own (the server and worker processes the
+# tests start inherit it), so a `make run` or an earlier run never adds to what a test scrapes.
+METRICS_DIR = VAR / f"test-metrics-{os.getpid()}"
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
+
+# setupdemo's tests must not overwrite the key `make run` saved for the developer.
+os.environ["UNDOLOG_DEMO_KEY_FILE"] = str(VAR / "test-demo-agent.key")
 
 _process = None
 
@@ -32,6 +41,7 @@ def pytest_configure(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    shutil.rmtree(METRICS_DIR, ignore_errors=True)
     if _process is not None:
         from undolog_site import embedded_redis
 

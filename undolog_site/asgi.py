@@ -5,6 +5,10 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
+# Traces, when configured: before Django loads its middleware (the instrumentation adds one).
+from core import tracing
+
+tracing.setup("undolog-web")
 # Django must be set up before the routing imports consumers (which import models).
 django_asgi_app = get_asgi_application()
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
 
 app = Celery("undolog")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect(weak=False)
+def _trace_worker_process(**kwargs) -> None:
+    # Each forked worker process sets up its own exporter thread and instrumentation (OTel's advice
+    # for prefork pools); a no-op unless tracing is configured (core/tracing.py).
+    from core import tracing
+
+    tracing.setup("undolog-worker")

@@ -11,6 +11,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
+from undolog_site import logs
+
 
 class DomainError(Exception):
     """An error a caller can act on. Views raise these; the handler renders them."""
@@ -88,6 +90,14 @@ _DRF_CODES = {
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
+    response = _error_response(exc)
+    if response is not None and isinstance(response.data, dict):
+        # The id the logs of this request carry: a person quoting an error can be found in them.
+        response.data["request_id"] = logs.current()
+    return response
+
+
+def _error_response(exc: Exception) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(exc.body(), status=exc.status_code)
     if isinstance(exc, Http404):
@@ -126,11 +136,12 @@ def api_not_found(request, *args, **kwargs):
     """Unknown /api/ paths answer JSON like every other API error, in DEBUG too."""
     from django.http import JsonResponse
 
-    return JsonResponse({"error": "not_found", "message": f"No API endpoint at {request.path}."}, status=404)
+    return JsonResponse({"error": "not_found", "message": f"No API endpoint at {request.path}.",
+                         "request_id": logs.current()}, status=404)
 
 
 def server_error(request, *args, **kwargs):
     from django.http import JsonResponse
 
-    return JsonResponse({"error": "server_error", "message": "Something went wrong on our side; it was logged."},
-                        status=500)
+    return JsonResponse({"error": "server_error", "message": "Something went wrong on our side; it was logged.",
+                         "request_id": logs.current()}, status=500)

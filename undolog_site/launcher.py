@@ -4,10 +4,12 @@ worker with beat inside, as one foreground command. Ctrl-C stops them all."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -23,18 +25,23 @@ def main() -> int:
         socket_path = var / "redis.sock"
         redis_process = embedded_redis.start(socket_path)
         os.environ["REDIS_URL"] = f"unix://{socket_path}"
-        print(f"embedded Redis on {socket_path}", flush=True)
     port = os.environ.get("PORT", "8000")
     host = os.environ.get("HOST", "127.0.0.1")
+    # A restart counts from zero: counters of processes that are gone would otherwise add up forever.
+    metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / "metrics")))
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
     children = [
         subprocess.Popen([sys.executable, "-m", "uvicorn", "undolog_site.asgi:application",
-                          "--host", host, "--port", port, "--no-access-log"], cwd=BASE_DIR),
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "worker", "-B",
-                          "--loglevel", "INFO", "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4"),
+                          "--host", host, "--port", port, "--no-access-log", "--log-level", "warning"], cwd=BASE_DIR),
+        # -q: no banner. Its periodic tasks log at DEBUG (settings.LOGGING), so warnings stand out.
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker", "-B",
+                          "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
+                          "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4"),
                           "--schedule", str(var / "celerybeat-schedule")], cwd=BASE_DIR),
     ]
-    print(f"undolog is up: dashboard http://{host}:{port}/ · API http://{host}:{port}/api/docs/ · "
-          "Ctrl-C stops everything", flush=True)
+    _wait_until_up(host, port, children[0])
+    print(summary(host, port, var), flush=True)
     stopping = False
 
     def stop(signum, frame) -> None:
@@ -61,6 +68,41 @@ def main() -> int:
             embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
     return 1 if failed and not stopping else 0
+
+
+def _wait_until_up(host: str, port: str, server: subprocess.Popen, timeout: float = 30) -> None:
+    """The summary comes after the servers' own start-up lines, so it is the last thing on screen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+
+
+def summary(host: str, port: str, var: Path) -> str:
+    """One box: where to go, how to log in, the demo key and where it is kept."""
+    base = f"http://{host}:{port}"
+    key_file = Path(os.environ.get("UNDOLOG_DEMO_KEY_FILE", var / "demo-agent.key"))
+    key = key_file.read_text().strip() if key_file.exists() else ""
+    lines = [
+        "undolog is running (Ctrl-C stops the server, the worker and Redis)",
+        "",
+        f"Dashboard   {base}/            log in as admin / admin",
+        f"API docs    {base}/api/docs/",
+        f"Admin       {base}/admin/",
+    ]
+    if os.environ.get("UNDOLOG_METRICS_TOKEN"):
+        lines.append(f"Metrics     {base}/metrics      (Authorization: Bearer $UNDOLOG_METRICS_TOKEN)")
+    if key:
+        lines += ["", f"Demo agent key  {key}", f"                saved in {key_file}"]
+    else:
+        lines += ["", "Demo agent key  issue one on the dashboard's Agents page (as admin)"]
+    lines += ["", f"Try it:  PORT={port} make demo"]
+    width = max(len(line) for line in lines) + 2
+    body = [f"│ {line.ljust(width - 1)}│" for line in lines]
+    return "\n".join([f"┌{'─' * width}┐", *body, f"└{'─' * width}┘"])
 
 
 if __name__ == "__main__":

@@ -68,9 +68,11 @@ INSTALLED_APPS = [
     "approvals",
     "budgets",
     "deliveries",
+    "ops",
 ]
 
 MIDDLEWARE = [
+    "undolog_site.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -320,10 +322,61 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
+# Metrics (ops/metrics.py): /metrics answers 404 until a token is set; Prometheus sends it as
+# `Authorization: Bearer <token>`. Every process (web workers, Celery children) writes its counters
+# under PROMETHEUS_MULTIPROC_DIR, read by prometheus_client at import: so it is set here, before
+# any app imports it. The launcher empties it at start (a restart must not add to the old counts).
+UNDOLOG_METRICS_TOKEN = os.environ.get("UNDOLOG_METRICS_TOKEN", "")
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "metrics"))
+Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+
+# The audit chain (ops/audit.py): sealed in order, in batches, by a beat task after commit.
+UNDOLOG_AUDIT_SEAL_S = envint("UNDOLOG_AUDIT_SEAL_S", "2")
+CELERY_BEAT_SCHEDULE["ops.seal_audit"] = {"task": "ops.tasks.seal_audit", "schedule": float(UNDOLOG_AUDIT_SEAL_S),
+                                          "options": {"expires": 30}}
+# Retention (ops/retention.py): what is past each org's retention is archived here as JSON Lines,
+# then deleted, once an hour.
+UNDOLOG_ARCHIVE_DIR = Path(os.environ.get("UNDOLOG_ARCHIVE_DIR", VAR_DIR / "archive"))
+CELERY_BEAT_SCHEDULE["ops.purge"] = {"task": "ops.tasks.purge", "schedule": 3600.0, "options": {"expires": 600}}
+
+# Where `make run`'s setupdemo keeps the demo agent's key (the tests point it elsewhere).
+UNDOLOG_DEMO_KEY_FILE = Path(os.environ.get("UNDOLOG_DEMO_KEY_FILE", VAR_DIR / "demo-agent.key"))
+
+# Logs: LOG_FORMAT=json for one JSON object per line; every line of a request carries its id.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be text or json, not {LOG_FORMAT!r}")
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
+# Celery logs through these handlers, not its own (its periodic tasks' lines are DEBUG below).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "filters": {"request_id": {"()": "undolog_site.logs.RequestIdFilter"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "json": {"()": "undolog_site.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request_id"]}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "INFO", "handlers": ["console"], "propagate": False},
+        # A line per received and finished task, and per beat tick: every 2 s from the sweeps, they
+        # buried everything else. Shown again with LOG_LEVEL=DEBUG.
+        "celery.app.trace": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        "celery.worker.strategy": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        # The servers' own lines and Django's in the same format (one JSON object per line under
+        # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
+        "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # No level: the server's own --log-level keeps deciding (make run asks uvicorn for warnings only).
+        **{name: {"handlers": ["console"], "propagate": False}
+           for name in ("uvicorn", "uvicorn.error", "gunicorn.error")},
+        # A line per request: the proxy in front logs those; LOG_LEVEL=DEBUG shows them here.
+        **{name: {"handlers": ["console"], "level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING",
+                  "propagate": False} for name in ("uvicorn.access", "gunicorn.access")},
+        # Connected, mingle: start-up chatter that would push `make run`'s summary off screen
+        # (celery.apps.worker's one "ready" line stays: the tests wait for it).
+        "celery.worker.consumer": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+    },
 }

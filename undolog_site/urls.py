@@ -6,6 +6,8 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from approvals import slack
+from ops import metrics as ops_metrics
+from ops import views as ops_views
 from undolog_site import errors, health
 
 admin.site.site_header = "undolog admin"
@@ -19,14 +21,17 @@ urlpatterns = [
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("orgs.urls")),  # before budgets: it adds POST to budgets' `agents`
     path("api/v1/", include("budgets.urls")),
+    path("api/v1/", include("ops.urls")),
     re_path(r"^api/v1/", errors.api_not_found),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", ops_metrics.view, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     # Slack's Request URL for an org's app: signed by Slack, not by a session or token.
     path("slack/interactions/<uuid:connection_id>", slack.interactions, name="slack-interactions"),
+    path("audit/", ops_views.audit_page, name="audit-page"),
     path("", include("approvals.dashboard_urls")),
 ]

@@ -5,4 +5,8 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
+# Traces, when configured: before Django loads its middleware (the instrumentation adds one).
+from core import tracing
+
+tracing.setup("undolog-web")
 application = get_wsgi_application()

@@ -21,6 +21,7 @@ SDK = ROOT / "sdk"
 EXTRAS = {
     "langchain": ("undolog.integrations.langchain", ("langchain", "langchain-core", "langgraph")),
     "openai-agents": ("undolog.integrations.openai_agents", ("openai-agents",)),
+    "otel": ("undolog._http", ("opentelemetry-api",)),
 }
 PROBE = """
 import sys, undolog

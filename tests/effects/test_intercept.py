@@ -101,7 +101,8 @@ def test_it_answers_409_when_the_session_is_not_running(acme, session_id):
 
     assert response.status_code == 409
     assert response.json() == {"error": "session_not_running", "state": "completed",
-                               "message": "The session is completed; open a new session."}
+                               "message": "The session is completed; open a new session.",
+                               "request_id": response["X-Request-ID"]}
 
 
 def test_it_answers_423_when_the_agent_is_suspended(acme, session_id):

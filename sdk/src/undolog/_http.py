@@ -26,6 +26,22 @@ from .errors import UndoLogConnectionError, UndoLogError, error_from_response
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
+# The `otel` extra: requests carry the caller's trace (W3C traceparent); the server's spans join it.
+try:
+    from opentelemetry import propagate as _propagate
+except ImportError:  # pragma: no cover - the core SDK needs only httpx
+    _propagate = None
+
+
+def trace_headers() -> dict[str, str]:
+    """``traceparent`` (and ``tracestate``) of the current span; empty without OpenTelemetry
+    or outside a span."""
+    if _propagate is None:
+        return {}
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    return carrier
+
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -114,6 +130,9 @@ class Http:
             options["params"] = dict(call.params)
         if call.timeout is not None:
             options["timeout"] = call.timeout
+        traced = trace_headers()
+        if traced:
+            options["headers"] = traced
         return options
 
 

@@ -1,0 +1,76 @@
+"""What one intercept reports: its span (GenAI semantic conventions for a tool call, plus
+undolog's tier and decision) and its two metrics. The one call the intercept view makes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.http.request import RawPostDataException
+
+from core import metrics, tracing
+
+# The fast path answers only these two (effects/fastpath.py), always for a compensable tool.
+_FAST = {201: "execute", 200: "replay"}
+
+
+def intercept(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
+    started = time.perf_counter()
+    response = _traced(request, session_id, answer) if tracing.on() else answer()
+    fast = response.get("X-Undolog-Path") == "fast"
+    if fast:
+        tier, decision = "compensable", _FAST.get(response.status_code, "error")
+    else:
+        tier, decision = _outcome(response, _body(response, fast=False))
+    metrics.intercepted(tier, decision, "fast" if fast else "slow", time.perf_counter() - started)
+    return response
+
+
+def _traced(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
+    with tracing.span("execute_tool", **{"gen_ai.operation.name": "execute_tool",
+                                          "undolog.session.id": session_id}) as span:
+        response = answer()
+        fast = response.get("X-Undolog-Path") == "fast"
+        body = _body(response, fast)
+        if fast:
+            tier, decision = "compensable", _FAST.get(response.status_code, "error")
+        else:
+            tier, decision = _outcome(response, body)
+        _annotate(span, request, body, tier, decision)
+    return response
+
+
+def _body(response: HttpResponse, fast: bool) -> dict[str, Any]:
+    data = getattr(response, "data", None)
+    if isinstance(data, dict):
+        return data
+    try:
+        return json.loads(response.content) if fast else {}
+    except ValueError:
+        return {}
+
+
+def _outcome(response: HttpResponse, body: dict[str, Any]) -> tuple[str, str]:
+    effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
+    decision = body.get("decision") or body.get("error") or str(response.status_code)
+    return effect.get("tier") or "none", decision
+
+
+def _annotate(span: Any, request: HttpRequest, body: dict[str, Any], tier: str, decision: str) -> None:
+    effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
+    tool = effect.get("tool") or _requested_tool(request)
+    span.update_name(f"execute_tool {tool}" if tool else "execute_tool")
+    attributes = {"gen_ai.tool.name": tool, "gen_ai.tool.type": "function", "gen_ai.tool.call.id": effect.get("id"),
+                  "undolog.tier": tier, "undolog.decision": decision, "error.type": body.get("error")}
+    span.set_attributes({key: value for key, value in attributes.items() if value is not None})
+
+
+def _requested_tool(request: HttpRequest) -> str | None:
+    try:
+        tool = json.loads(request.body).get("tool")
+    except (ValueError, AttributeError, RawPostDataException):  # DRF may have read the stream already
+        return None
+    return tool if isinstance(tool, str) else None

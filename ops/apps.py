@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class OpsConfig(AppConfig):
+    """What an operator runs undolog with: `/metrics`, the tamper-evident audit chain and its
+    export, retention (archive, then delete)."""
+
+    name = "ops"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from ops import metrics
+        from orgs.models import event_recorded
+
+        event_recorded.connect(metrics.on_event, dispatch_uid="ops.metrics.on_event")
