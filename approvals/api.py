@@ -194,6 +194,12 @@ class OrgSettingsSerializer(StrictSerializer):
     context_window = serializers.IntegerField(min_value=0, max_value=100, required=False)
     email_notifications = serializers.BooleanField(required=False)
     time_zone = serializers.CharField(max_length=64, required=False, validators=[time_zone])
+    rate_limit_per_key = serializers.IntegerField(
+        min_value=1, max_value=10_000_000, required=False, allow_null=True,
+        help_text="API requests per minute per key or person; null: the server's default.")
+    rate_limit_per_org = serializers.IntegerField(
+        min_value=1, max_value=100_000_000, required=False, allow_null=True,
+        help_text="API requests per minute for the whole org; null: the server's default.")
 
 
 SETTINGS_FIELDS = list(OrgSettingsSerializer._declared_fields)

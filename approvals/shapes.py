@@ -92,6 +92,8 @@ class OrgSettingsDict(TypedDict):
     context_window: int
     email_notifications: bool
     time_zone: str
+    rate_limit_per_key: int | None  # requests per minute; None: the server's default
+    rate_limit_per_org: int | None
 
 
 class WebhookDict(TypedDict):

@@ -89,7 +89,7 @@ _DRF_CODES = {
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, DomainError):
-        return Response(exc.body(), status=exc.status_code)
+        return Response(exc.body(), status=exc.status_code, headers=getattr(exc, "headers", None))
     if isinstance(exc, Http404):
         return Response({"error": "not_found", "message": "Not found."}, status=404)
     if isinstance(exc, PermissionDenied):
