@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from approvals.models import DeliveryAttempt, WebhookDelivery
 from core import outbound as webhooks
+from core.enqueue import enqueue
 from effects.models import Effect, EffectTransition
 from undolog_site.errors import Conflict
 
@@ -122,4 +123,4 @@ def _enqueue(delivery_id, countdown: float) -> None:
     from approvals import tasks
 
     # Short countdowns only (<= 1 h, the broker's visibility timeout); the row has the time too.
-    tasks.deliver.apply_async((str(delivery_id),), countdown=min(countdown, 3600))
+    enqueue(tasks.deliver, str(delivery_id), countdown=min(countdown, 3600))

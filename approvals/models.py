@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from budgets.models import Refusal
 from core import retry
+from core.enqueue import enqueue
 from effects.models import Effect, Session, Tool, render_text
 from orgs.models import Event, Organization
 from undolog_site.errors import Conflict, Invalid
@@ -504,7 +505,7 @@ class WebhookDelivery(models.Model):
     def enqueue_after_commit(self) -> None:
         from approvals import tasks
 
-        transaction.on_commit(lambda: tasks.deliver.delay(str(self.pk)))
+        transaction.on_commit(lambda: enqueue(tasks.deliver, str(self.pk)))
 
     @property
     def secret(self) -> str:

@@ -12,6 +12,7 @@ from django.dispatch import receiver
 
 from approvals import events
 from approvals.models import ApprovalRequest, OrgWebhook, WebhookDelivery
+from core.enqueue import enqueue
 from orgs.models import Event, Membership, event_recorded
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def fan_out(sender, event: Event, **kwargs) -> None:
         if event.kind in EMAIL_KINDS and event.org.email_notifications:
             from approvals import tasks
 
-            tasks.email_event.delay(str(event.pk))
+            enqueue(tasks.email_event, str(event.pk))
     except Exception:
         log.exception("could not queue the email for event %s", event.pk)
 

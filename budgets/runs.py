@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from budgets.models import BudgetPolicy, Escalation, Limits, RunOutcome
+from core.enqueue import enqueue
 from effects.models import Session
 from orgs.models import Agent, Event
 from undolog_site.errors import Conflict
@@ -107,5 +108,5 @@ def _escalate(agent: Agent, session: Session, limits: Limits, data: dict[str, An
         payload={"event": "budget.exceeded", "org": agent.org.slug, "agent": agent.name,
                  "session": str(session.id), "at": timezone.now().isoformat(),
                  **{k: v for k, v in data.items() if k != "escalation"}})
-    transaction.on_commit(lambda: tasks.deliver_escalation.delay(str(escalation.id)))
+    transaction.on_commit(lambda: enqueue(tasks.deliver_escalation, str(escalation.id)))
     return str(escalation.id)

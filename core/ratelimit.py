@@ -178,8 +178,8 @@ def fail(keys: Sequence[str], window_s: int) -> None:
     try:
         pipe = client.pipeline(transaction=False)
         for key in keys:
+            pipe.set(key, 0, ex=window_s, nx=True)  # not EXPIRE NX: the embedded Redis predates it
             pipe.incr(key)
-            pipe.expire(key, window_s, nx=True)
         pipe.execute()
     except redis.RedisError as exc:
         _redis.failed(exc)

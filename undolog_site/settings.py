@@ -297,6 +297,8 @@ UNDOLOG_LOGIN_FAILURES_PER_ADDRESS = envint("UNDOLOG_LOGIN_FAILURES_PER_ADDRESS"
 UNDOLOG_LOGIN_WINDOW_S = envint("UNDOLOG_LOGIN_WINDOW_S", "900")
 # 503 database_unavailable (undolog_site/middleware.py): when to try again.
 UNDOLOG_DATABASE_RETRY_AFTER_S = envint("UNDOLOG_DATABASE_RETRY_AFTER_S", "2")
+# A task the broker could not take (core/enqueue.py): how long not to try again (the sweeps catch up).
+UNDOLOG_ENQUEUE_BACKOFF_S = envint("UNDOLOG_ENQUEUE_BACKOFF_S", "5")
 # How many proxies in front append to X-Forwarded-For (0: use the connection's address).
 UNDOLOG_TRUSTED_PROXIES = envint("UNDOLOG_TRUSTED_PROXIES", "0")
 

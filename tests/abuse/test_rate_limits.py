@@ -90,10 +90,10 @@ def test_the_limit_holds_across_the_processes_of_a_multi_process_server():
     session = open_session(acme)
     acme.org.rate_limit_per_key = 10
     acme.org.save(update_fields=["rate_limit_per_key"])
-    with wsgi_server(workers=4) as base:
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {acme.key}"}) as client:
-            codes = [client.post(f"/api/v1/sessions/{session}/intercept",
-                                 json={"tool": "send_email", "args": {"to": f"{n}@x.io"}, "step_index": n}).status_code
-                     for n in range(1, 31)]
+    with wsgi_server(workers=4) as base, httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {acme.key}"}) as client:
+        codes = [client.post(f"/api/v1/sessions/{session}/intercept",
+                             json={"tool": "send_email", "args": {"to": f"{n}@x.io"}, "step_index": n}).status_code
+                 for n in range(1, 31)]
     assert codes.count(201) == 10 and codes.count(429) == 20, codes
     assert Effect.objects.filter(session_id=session).count() == 10
