@@ -72,6 +72,23 @@ def celery_worker(*, beat: bool = False, concurrency: int = 2, log: Path | None 
         _stop(process)
 
 
+@contextmanager
+def celery_beat(*, log: Path | None = None, **env: str):
+    """`celery beat` on its own (production: exactly one, beside any number of workers)."""
+    log_path = log or Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}-{time.monotonic_ns()}.log"
+    schedule = Path(settings.VAR_DIR) / f"test-beat-schedule-{os.getpid()}-{time.monotonic_ns()}"
+    args = [sys.executable, "-m", "celery", "-A", "undolog_site", "beat", "--loglevel", "INFO",
+            "--schedule", str(schedule)]
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(args, cwd=BASE_DIR, env=child_env(**env), stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_log(log_path, "beat: Starting", process)
+        yield process
+    finally:
+        _stop(process)
+
+
 def _wait_for_log(path: Path, marker: str, process: subprocess.Popen, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
