@@ -119,6 +119,10 @@ def wsgi_server(workers: int = 2, **env: str):
         yield base
 
 
+# A running web server's URL → the pid of its process (group leader): for the soak's memory readings.
+PIDS: dict[str, int] = {}
+
+
 @contextmanager
 def _web_server(kind: str, command: list[str], port: int, env: dict[str, str]):
     """Start a web server process, wait until /healthz answers, yield its URL, stop it."""
@@ -138,6 +142,8 @@ def _web_server(kind: str, command: list[str], port: int, env: dict[str, str]):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the {kind} server did not start; see {log_path}")
             time.sleep(0.1)
+        PIDS[base] = process.pid
         yield base
     finally:
+        PIDS.pop(base, None)
         _stop(process)

@@ -10,9 +10,9 @@ import os
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tests.processes import BASE_DIR, asgi_server, celery_beat, celery_worker, wsgi_server
+from tests.processes import BASE_DIR, PIDS, asgi_server, celery_beat, celery_worker, wsgi_server
 
 # Brisk sweeps, so a killed worker's walk is taken over within seconds (production: 5 s and 30 s).
 BRISK = {"UNDOLOG_UNDO_SWEEP_S": "1", "UNDOLOG_UNDO_STALL_S": "3", "DB_POOL_MAX": "20"}
@@ -24,7 +24,14 @@ class Topology:
     asgi: str  # the ASGI node's URL (the load balancer's upstream for /ws/)
     workers: list[subprocess.Popen]
     beat: subprocess.Popen
-    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def web_pids(self) -> list[int]:
+        return [PIDS[base] for base in self.web]
+
+    @property
+    def asgi_pid(self) -> int:
+        return PIDS[self.asgi]
 
 
 @contextmanager

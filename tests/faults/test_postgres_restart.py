@@ -38,10 +38,12 @@ def test_a_restart_answers_503_with_retry_after_writes_nothing_partial_and_the_p
         key = manage(url, "createagent", "acme", "cleanup").strip().splitlines()[-1]
         with wsgi_server(workers=2, DATABASE_URL=url, DB_POOL_MIN="4") as base, \
                 httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30) as setup:
+            undo = {"fn_name": "undo", "fn_version": "1.0.0"}
             assert setup.post("/api/v1/compensations", json={
-                "fn_name": "undo", "fn_version": "1.0.0", "handler": "webhook", "target": receiver.url}).status_code == 201
-            assert setup.post("/api/v1/tools", json={"tools": [{"name": "send_email", "tier": "compensable", "compensation": {
-                "fn_name": "undo", "fn_version": "1.0.0", "args": {"to": "{to}"}}}]}).status_code == 200
+                **undo, "handler": "webhook", "target": receiver.url}).status_code == 201
+            assert setup.post("/api/v1/tools", json={"tools": [{
+                "name": "send_email", "tier": "compensable", "compensation": {**undo, "args": {"to": "{to}"}}}]}
+            ).status_code == 200
 
             statuses: Counter[int] = Counter()
             bad: list[tuple[int, str]] = []
@@ -62,7 +64,8 @@ def test_a_restart_answers_503_with_retry_after_writes_nothing_partial_and_the_p
                     with lock:
                         statuses[answer.status_code] += 1
                         if answer.status_code == 503:
-                            if answer.json().get("error") != "database_unavailable" or not answer.headers.get("Retry-After"):
+                            if (answer.json().get("error") != "database_unavailable"
+                                    or not answer.headers.get("Retry-After")):
                                 bad.append((answer.status_code, answer.text))
                         elif answer.status_code not in ok:
                             bad.append((answer.status_code, answer.text))
