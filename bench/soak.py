@@ -84,7 +84,11 @@ class Traffic:
                     held = self.post(client, f"/api/v1/sessions/{session}/intercept", {
                         "tool": "delete_account", "args": {"account_id": f"{n}-{run}"}, "step_index": step}, (202,))
                     if held:
-                        client.get(f"/api/v1/effects/{held['effect']['id']}", params={"wait": 30})
+                        try:
+                            client.get(f"/api/v1/effects/{held['effect']['id']}", params={"wait": 30})
+                        except httpx.HTTPError as exc:
+                            with self.lock:
+                                self.errors[f"long poll {type(exc).__name__}"] += 1
                         self.post(client, f"/api/v1/effects/{held['effect']['id']}/start", {}, (200,))
                         self.post(client, f"/api/v1/effects/{held['effect']['id']}/commit", {"result": {}}, (200,))
                     continue

@@ -110,12 +110,17 @@ def asgi_server(**env: str):
 
 
 @contextmanager
-def wsgi_server(workers: int = 2, **env: str):
+def wsgi_server(workers: int = 2, threads: int = 0, **env: str):
     """The WSGI app under gunicorn with several worker processes (the production shape for /api/):
-    each has its own caches, so a test can prove that a change reaches every one. Yields its URL."""
+    each has its own caches, so a test can prove that a change reaches every one. `threads`: gthread
+    workers with that many threads each (as the README deploys it: long polls do not hold a process).
+    Yields its URL."""
     port = free_port()
-    with _web_server("wsgi", [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b",
-                              f"127.0.0.1:{port}", "-w", str(workers), "--log-level", "warning"], port, env) as base:
+    command = [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b", f"127.0.0.1:{port}",
+               "-w", str(workers), "--log-level", "warning"]
+    if threads:
+        command += ["-k", "gthread", "--threads", str(threads)]
+    with _web_server("wsgi", command, port, env) as base:
         yield base
 
 

@@ -5,12 +5,16 @@ PostgreSQL and one Redis; and the org, agents and reviewer they serve, made in o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+
+import websockets
 
 from tests.processes import BASE_DIR, PIDS, asgi_server, celery_beat, celery_worker, wsgi_server
 
@@ -38,7 +42,7 @@ class Topology:
 def topology(database_url: str, redis_url: str, *, web_workers: int = 2, **env: str):
     env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url, **BRISK, **env}
     with ExitStack() as stack:
-        web = [stack.enter_context(wsgi_server(workers=web_workers, **env)) for _ in range(2)]
+        web = [stack.enter_context(wsgi_server(workers=web_workers, threads=8, **env)) for _ in range(2)]
         asgi = stack.enter_context(asgi_server(**env))
         workers = [stack.enter_context(celery_worker(concurrency=2, **env)) for _ in range(2)]
         beat = stack.enter_context(celery_beat(**env))
@@ -91,3 +95,40 @@ TOOLS = [
     {"name": "delete_account", "tier": "irreversible",
      "approval": {"reason": "Deletes an account for good", "risk_tags": ["data-loss"], "timeout_s": 600}},
 ]
+
+
+class Dashboard:
+    """A reviewer's open dashboard page: its websocket on an ASGI node, in a thread of its own.
+    Like live.js, it connects again when the socket drops (a Redis outage closes it), and counts
+    the connections (`hellos`) and the decisions pushed to it."""
+
+    def __init__(self, asgi: str, session_cookie: str) -> None:
+        self.url = asgi.replace("http://", "ws://") + "/ws/dashboard/"
+        self.headers = {"Cookie": f"sessionid={session_cookie}", "Origin": asgi}
+        self.decided: set[str] = set()
+        self.hellos = 0
+        self.connected = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                async with websockets.connect(self.url, additional_headers=self.headers, open_timeout=5) as socket:
+                    await self._listen(socket)
+            except (OSError, websockets.WebSocketException, TimeoutError):
+                self.connected.clear()
+                await asyncio.sleep(0.5)
+
+    async def _listen(self, socket) -> None:
+        while not self.stop.is_set():
+            try:
+                message = json.loads(await asyncio.wait_for(socket.recv(), 0.5))
+            except TimeoutError:
+                continue
+            if message["type"] == "hello":
+                self.hellos += 1
+                self.connected.set()
+            elif message["type"] == "approval.decided":
+                payload = message["payload"]
+                self.decided.add((payload.get("approval") or payload["data"]["approval"])["id"])

@@ -10,8 +10,6 @@ PostgreSQL only, by construction: the topology runs on a cluster of the test's o
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
 import threading
@@ -22,41 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psycopg
 import pytest
-import websockets
 
 from tests.conftest import eventually
 from tests.receiver import Receiver
 from tests.services import own_postgres, own_redis
-from tests.topology import TOOLS, create_fleet, topology
+from tests.topology import TOOLS, Dashboard, create_fleet, topology
 
 AGENTS, CALLS = 50, 20  # per agent: 18 compensable calls, then 2 irreversible ones
 ROLLED_BACK = 10  # agents whose last call is rejected with rollback: 18 compensations each
 DEADLINE_S = 150
-
-
-class Dashboard:
-    """A reviewer's dashboard page: its websocket on the ASGI node, in a thread of its own."""
-
-    def __init__(self, asgi: str, session_cookie: str) -> None:
-        self.url = asgi.replace("http://", "ws://") + "/ws/dashboard/"
-        self.headers = {"Cookie": f"sessionid={session_cookie}", "Origin": asgi}
-        self.decided: set[str] = set()
-        self.hello = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        async with websockets.connect(self.url, additional_headers=self.headers) as socket:
-            while not self.stop.is_set():
-                try:
-                    message = json.loads(await asyncio.wait_for(socket.recv(), 0.5))
-                except TimeoutError:
-                    continue
-                if message["type"] == "hello":
-                    self.hello.set()
-                elif message["type"] == "approval.decided":
-                    payload = message["payload"]
-                    self.decided.add((payload.get("approval") or payload["data"]["approval"])["id"])
 
 
 def test_two_web_nodes_two_workers_one_beat_keep_every_count_exact_through_a_worker_kill():
@@ -71,7 +43,7 @@ def test_two_web_nodes_two_workers_one_beat_keep_every_count_exact_through_a_wor
                 assert setup.post("/api/v1/tools", json={"tools": TOOLS}).status_code == 200
             dashboard = Dashboard(nodes.asgi, fleet["people"]["reviewer-1"]["session"])
             dashboard.thread.start()
-            assert dashboard.hello.wait(15)
+            assert dashboard.connected.wait(15)
 
             answers: Counter[tuple[str, int]] = Counter()
             rollback_sessions: set[str] = set()

@@ -12,14 +12,16 @@ import time
 
 import httpx
 import pytest
+from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from effects.models import Effect, Session, UndoEntry
 from tests.conftest import STANDARD_TOOLS, eventually, make_persona
 from tests.effects.conftest import register_undo
-from tests.processes import celery_worker, wsgi_server
+from tests.processes import asgi_server, celery_worker, wsgi_server
 from tests.receiver import Receiver
 from tests.services import own_redis
+from tests.topology import Dashboard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,11 +40,17 @@ def test_intercepts_commits_and_decisions_work_without_redis_and_the_walk_catche
         register_undo(acme, receiver.url)
         assert acme.api.post("/api/v1/tools", {"tools": [STANDARD_TOOLS[2]]}, format="json").status_code == 200
         reviewer_token = Token.objects.get(user=acme.reviewer.user).key
+        browser = Client()
+        browser.force_login(acme.reviewer.user)
         with wsgi_server(workers=2, REDIS_URL=redis_server.url, **BRISK) as base, \
+                asgi_server(REDIS_URL=redis_server.url) as asgi, \
                 celery_worker(beat=True, REDIS_URL=redis_server.url, **BRISK), \
                 httpx.Client(base_url=base, headers={"Authorization": f"Bearer {acme.key}"}, timeout=30) as agent, \
                 httpx.Client(base_url=base, headers={"Authorization": f"Token {reviewer_token}"},
                              timeout=30) as reviewer:
+            dashboard = Dashboard(asgi, browser.cookies["sessionid"].value)
+            dashboard.thread.start()
+            assert dashboard.connected.wait(15)
             redis_server.stop()
 
             health = agent.get("/healthz")
@@ -100,3 +108,13 @@ def test_intercepts_commits_and_decisions_work_without_redis_and_the_walk_catche
             assert sum(receiver.deliveries.values()) == 5  # each undo sent once
             assert Effect.objects.filter(session_id=session).count() == 6
             assert agent.get("/healthz").json()["status"] == "ok"
+
+            # 5. Pushes resume: the open dashboard (reconnecting like live.js if its socket dropped)
+            #    gets the next decision, made on a web node, through the ASGI node.
+            eventually(dashboard.connected.is_set, timeout=20)
+            later = agent.post("/api/v1/sessions", json={}).json()["id"]
+            held = agent.post(f"/api/v1/sessions/{later}/intercept", json={
+                "tool": "delete_account", "args": {"account_id": "a-2"}, "step_index": 1}).json()
+            assert reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", json={}).status_code == 200
+            eventually(lambda: held["approval"]["id"] in dashboard.decided, timeout=5)
+            dashboard.stop.set()
