@@ -43,6 +43,8 @@ class ThrottledLogin:
     throttled_for_s = 0
 
     def clean(self) -> dict[str, Any]:
+        if self.request is None:  # a form built without a request (a shell): no address to count
+            return super().clean()
         username = self.cleaned_data.get("username") or ""
         keys = _counters(self.request, username)
         limits = (settings.UNDOLOG_LOGIN_FAILURES_PER_ACCOUNT, settings.UNDOLOG_LOGIN_FAILURES_PER_ADDRESS)

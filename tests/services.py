@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -109,7 +110,7 @@ class OwnPostgres:
         """A database with undolog's schema (`manage.py migrate` in a child process)."""
         url = self.create_database(name)
         env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": redis_url, "UNDOLOG_EMBEDDED_REDIS": "0"}
-        subprocess.run([os.sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=BASE_DIR, env=env,
                        check=True, timeout=300)
         return url
 
