@@ -119,7 +119,10 @@ def wsgi_server(workers: int = 2, threads: int = 0, **env: str):
     command = [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b", f"127.0.0.1:{port}",
                "-w", str(workers), "--log-level", "warning"]
     if threads:
-        command += ["-k", "gthread", "--threads", str(threads)]
+        # Keep-alive longer than any client stays idle (as behind a load balancer, whose idle timeout
+        # must be the shorter): gthread's default of 2 s closes connections a client is about to
+        # reuse, and a POST sent into that close is a connection reset.
+        command += ["-k", "gthread", "--threads", str(threads), "--keep-alive", "75"]
     with _web_server("wsgi", command, port, env) as base:
         yield base
 
