@@ -58,7 +58,8 @@ from rest_framework.authtoken.models import Token
 from effects.models import CompensationFunction
 from orgs.models import Agent, AgentKey, Membership, Organization
 n, target = {n}, {target!r}
-org = Organization.objects.create(slug="fleet", name="Fleet", rate_limit_per_org={per_org})
+org = Organization.objects.create(slug="fleet", name="Fleet", rate_limit_per_key={per_key},
+                                  rate_limit_per_org={per_org})
 keys = []
 for i in range(n):
     agent = Agent.objects.create(org=org, name=f"agent-{{i}}")
@@ -78,12 +79,14 @@ print(json.dumps({{"keys": keys, "people": people, "secret": org.webhook_secret}
 """
 
 
-def create_fleet(database_url: str, redis_url: str, agents: int, target: str, per_org: int = 1_000_000) -> dict:
+def create_fleet(database_url: str, redis_url: str, agents: int, target: str, per_key: int = 1_000_000,
+                 per_org: int = 1_000_000) -> dict:
     """An org `fleet` with `agents` agents (a key each), the undo webhook at `target`, and two
-    reviewers (an API token and a logged-in session each, for the dashboard's websocket)."""
+    reviewers (an API token and a logged-in session each, for the dashboard's websocket). Its rate
+    limits are far above the load by default: every request still pays the limiter's round trip."""
     env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "UNDOLOG_EMBEDDED_REDIS": "0"}
-    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP.format(n=agents, target=target,
-                                                                                     per_org=per_org)],
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP.format(
+        n=agents, target=target, per_key=per_key, per_org=per_org)],
                          cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True, timeout=120).stdout
     return json.loads(out.strip().splitlines()[-1])
 
