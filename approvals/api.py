@@ -316,6 +316,12 @@ class OrgSettingsSerializer(StrictSerializer):
         return value
     # Abandoned runs (effects/abandon.py): 0 never; an agent may override it.
     run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, required=False)
+    rate_limit_per_key = serializers.IntegerField(
+        min_value=1, max_value=10_000_000, required=False, allow_null=True,
+        help_text="API requests per minute per key or person; null: the server's default.")
+    rate_limit_per_org = serializers.IntegerField(
+        min_value=1, max_value=100_000_000, required=False, allow_null=True,
+        help_text="API requests per minute for the whole org; null: the server's default.")
 
 
 SETTINGS_FIELDS = list(OrgSettingsSerializer._declared_fields)

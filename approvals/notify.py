@@ -22,6 +22,7 @@ from django.utils import timezone
 from approvals import events, slack
 from approvals.models import ApprovalRequest, OrgWebhook
 from core import faults
+from core.enqueue import enqueue
 from deliveries.models import Delivery
 from orgs.models import Event, Membership, event_recorded
 
@@ -74,7 +75,7 @@ def dispatch(event: Event) -> list[Delivery] | None:
         if message is not None:
             from approvals import tasks
 
-            transaction.on_commit(lambda: tasks.sync_slack.delay(str(message.pk)))
+            transaction.on_commit(lambda: enqueue(tasks.sync_slack, str(message.pk)))
         transaction.on_commit(lambda: events.publish(event.org_id, event.kind, payload))
     return rows
 

@@ -102,6 +102,8 @@ class OrgSettingsDict(TypedDict):
     time_zone: str
     approvals_by_risk_tag: dict[str, int]
     run_idle_timeout_s: int
+    rate_limit_per_key: int | None  # requests per minute; None: the server's default
+    rate_limit_per_org: int | None
 
 
 class WebhookDict(TypedDict):

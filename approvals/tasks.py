@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from approvals import notify, slack
 from approvals.models import ApprovalRequest, SlackMessage
+from core.enqueue import enqueue
 from orgs.models import Event
 from undolog_site.errors import Conflict
 
@@ -69,5 +70,5 @@ def sweep_slack() -> int:
     ids = list(SlackMessage.objects.unsynced().filter(created__lte=timezone.now() - LOST_MESSAGE_GRACE)
                .values_list("pk", flat=True)[:SWEEP_BATCH])
     for pk in ids:
-        sync_slack.delay(str(pk))
+        enqueue(sync_slack, str(pk))
     return len(ids)

@@ -79,6 +79,10 @@ CODES: dict[int, tuple[str, list[str]]] = {
     409: ("The row is not in a state that allows this.", ["conflict"]),
     413: ("The body is too large.", ["too_large"]),
     423: ("The agent is suspended or stopped.", ["agent_suspended"]),
+    429: ("Past the key's or the org's rate limit (`limit`, `retry_after_s` and `Retry-After` say which and "
+          "when); nothing was done.", ["rate_limited"]),
+    503: ("The database is not reachable right now (`Retry-After`); nothing was changed.",
+          ["database_unavailable"]),
 }
 
 
@@ -114,7 +118,8 @@ def constrain(component: str, prop: str, **schema: Any) -> None:
 
 def add_common_errors(result: dict, generator, request, public) -> dict:
     """Postprocessing hook: every operation under /api/v1/ documents 400 (malformed JSON, too
-    deep), 401 and 403, and every operation with a path id its 404, unless it says more.
+    deep), 401, 403, 429 (rate limited) and 503 (database unavailable), and every operation with a
+    path id its 404, unless it says more.
     Request bodies are strict (an unknown field is a 400, `StrictSerializer`): they say so."""
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request") and component.get("type") == "object":
@@ -129,9 +134,12 @@ def add_common_errors(result: dict, generator, request, public) -> dict:
             continue
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
-            wanted = [400, 401, 403] + ([404] if "{" in path else [])
+            wanted = [400, 401, 403] + ([404] if "{" in path else []) + [429, 503]
             for status in wanted:
                 meaning, codes = CODES[status]
+                if status == 429 and "429" in responses:  # the intercept: the budget's refusal too
+                    responses["429"]["description"] += " Or `rate_limited` (an error body): " + meaning
+                    continue
                 responses.setdefault(str(status), {
                     "description": f"{meaning} Codes: {', '.join(codes)}.",
                     "content": {"application/json": {"schema": error_ref}}})

@@ -13,6 +13,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from core import retry
+from core.enqueue import enqueue
 from orgs.models import Agent, Event, Organization
 
 
@@ -111,7 +112,7 @@ class Delivery(models.Model):
     def enqueue_after_commit(self) -> None:
         from deliveries import tasks
 
-        transaction.on_commit(lambda: tasks.deliver.delay(str(self.pk)))
+        transaction.on_commit(lambda: enqueue(tasks.deliver, str(self.pk)))
 
     @property
     def secret(self) -> str:

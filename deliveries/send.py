@@ -19,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import metrics, outbound
+from core.enqueue import enqueue
 from deliveries.models import Delivery, DeliveryAttempt
 
 log = logging.getLogger(__name__)
@@ -117,4 +118,4 @@ def _enqueue(delivery_id, countdown: float) -> None:
     from deliveries import tasks
 
     # Short countdowns only (<= 1 h, the broker's visibility timeout); the row has the time too.
-    tasks.deliver.apply_async((str(delivery_id),), countdown=min(countdown, Delivery.MAX_BACKOFF_S))
+    enqueue(tasks.deliver, str(delivery_id), countdown=min(countdown, Delivery.MAX_BACKOFF_S))

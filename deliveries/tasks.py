@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from celery import shared_task
 
+from core.enqueue import enqueue
 from deliveries import send
 from deliveries.models import Delivery
 
@@ -31,5 +32,5 @@ def sweep() -> int:
     ids = list(Delivery.objects.due(grace=LOST_MESSAGE_GRACE).order_by("next_attempt_at")
                .values_list("pk", flat=True)[:SWEEP_BATCH])
     for pk in ids:
-        deliver.delay(str(pk))
+        enqueue(deliver, str(pk))
     return len(ids)

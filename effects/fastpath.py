@@ -44,6 +44,7 @@ from rest_framework.renderers import JSONRenderer
 
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
+from core import ratelimit
 from effects import intercept as pipeline
 from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, sha256
@@ -67,17 +68,36 @@ class OrgConfig:
     version: int
     tools: dict[str, Tool]
     limits: dict[uuid.UUID, Limits] = field(default_factory=dict)
+    rate_limit_per_key: int | None = None  # the org's own API rate limits (core/ratelimit.py)
+    rate_limit_per_org: int | None = None
 
     @classmethod
     def of(cls, org_id: uuid.UUID) -> OrgConfig | None:
         config = _CONFIGS.get(org_id)
         if config is None:
-            version = Organization.objects.filter(pk=org_id).values_list("config_version", flat=True).first()
-            if version is None:
+            found = Organization.objects.filter(pk=org_id).values_list(
+                "config_version", "rate_limit_per_key", "rate_limit_per_org").first()
+            if found is None:
                 return None
             tools = {tool.name: tool for tool in Tool.objects.filter(org_id=org_id).select_related("compensation_fn")}
-            config = _CONFIGS[org_id] = cls(version, tools)
+            config = _CONFIGS[org_id] = cls(found[0], tools, rate_limit_per_key=found[1], rate_limit_per_org=found[2])
         return config
+
+    def rate_limited(self, request, key: RememberedKey) -> HttpResponse | None:
+        """Count the request against its key's and its org's rate limits (one Redis round trip, no
+        query: the limits are part of this cache and of its version); the 429 when one is reached.
+        Marks the request, so that the pipeline, if it answers instead, does not count it again."""
+        if not ratelimit.enabled():
+            return None
+        request.undolog_rate_checked = True
+        try:
+            ratelimit.check(ratelimit.api_limits(key.org_id, f"key:{key.prefix}", self.rate_limit_per_key,
+                                                 self.rate_limit_per_org))
+        except ratelimit.RateLimited as exc:
+            response = _respond(429, exc.body())
+            response["Retry-After"] = exc.headers["Retry-After"]
+            return response
+        return None
 
     def limits_for(self, org_id: uuid.UUID, agent_id: uuid.UUID) -> Limits:
         limits = self.limits.get(agent_id)
@@ -271,6 +291,9 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     except (DomainError, ValueError):
         return None
     config = OrgConfig.of(key.org_id)
+    refused = config.rate_limited(request, key) if config else None
+    if refused is not None:
+        return refused
     tool = config.tools.get(call.tool) if config else None
     if tool is None or tool.tier != Tier.COMPENSABLE or tool.compensation_fn is None:
         return None
@@ -370,6 +393,10 @@ def commit(request, effect_id: str) -> HttpResponse | None:
         effect_uuid = uuid.UUID(effect_id)
     except ValueError:
         return None
+    config = OrgConfig.of(key.org_id)
+    refused = config.rate_limited(request, key) if config else None
+    if refused is not None:
+        return refused
     result = data.get("result")
     now = timezone.now()
     AgentKey.touch_remembered(key)

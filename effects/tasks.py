@@ -15,8 +15,8 @@ from datetime import datetime
 
 from celery import shared_task
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
+from core.enqueue import enqueue
 from effects import abandon, undo
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,7 @@ def sweep_undo_walks() -> int:
 
 def enqueue_walk(session_id: uuid.UUID | str, countdown: float = 0) -> None:
     """Called after commit. A broker that is down loses nothing: the sweep finds the session."""
-    try:
-        walk_undo_stack.apply_async((str(session_id),), countdown=countdown or None)
-    except OperationalError:
-        logger.warning("undo walk of session %s not enqueued (broker unreachable); the sweep will pick it up",
-                       session_id)
+    enqueue(walk_undo_stack, str(session_id), countdown=countdown or None)
 
 
 def schedule_walk(session_id: uuid.UUID | str, at: datetime) -> None:

@@ -18,6 +18,7 @@ class OrganizationAdmin(admin.ModelAdmin):
         ("Approvals", {"fields": ["approval_timeout_s", "auto_approve_on_timeout", "context_window",
                                   "email_notifications"]}),
         ("Webhooks", {"fields": ["webhook_secret"]}),
+        ("Rate limits", {"fields": ["rate_limit_per_key", "rate_limit_per_org"]}),
     ]
     inlines = [MembershipInline]
 

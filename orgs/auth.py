@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions, permissions
+from rest_framework import authentication, exceptions, permissions, throttling
 
+from core import ratelimit
 from orgs.models import Agent, AgentKey, Membership, Organization
 
 
@@ -180,3 +181,29 @@ class AgentKeyScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "An agent key: ul_<prefix>_<secret>"}
+
+
+# ---------------------------------------------------------------- rate limits
+
+class ApiRateLimit(throttling.BaseThrottle):
+    """Per-key and per-org request limits (core/ratelimit.py), after authentication and
+    permissions. Raises `RateLimited` (429 `rate_limited`, `Retry-After`) rather than answering
+    False, so the body names the limit. A request the intercept's fast path already counted
+    (`undolog_rate_checked`) is not counted twice when it falls back to the pipeline."""
+
+    def allow_request(self, request, view) -> bool:
+        if not ratelimit.enabled() or getattr(request._request, "undolog_rate_checked", False):
+            return True
+        user = request.user
+        if isinstance(user, AgentPrincipal):
+            subject = f"key:{user.key.prefix}"
+        elif _is_person(user):
+            subject = f"user:{user.pk}"
+        else:
+            return True
+        try:
+            org = caller_of(request).org
+        except exceptions.APIException:
+            return True  # no org: the view answers 403 itself
+        ratelimit.check(ratelimit.api_limits(org.pk, subject, org.rate_limit_per_key, org.rate_limit_per_org))
+        return True

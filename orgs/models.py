@@ -53,6 +53,13 @@ class Organization(models.Model):
     run_idle_timeout_s = models.PositiveIntegerField(
         default=3600, help_text="A running session silent this long is failed as abandoned (0: never). "
                                 "An agent may override it.")
+    # API rate limits (core/ratelimit.py), requests per minute; empty: the server's default
+    # (UNDOLOG_RATE_LIMIT_PER_KEY / _PER_ORG). A change bumps config_version (a trigger), so the
+    # fast path's cached copy is replaced on the next call.
+    rate_limit_per_key = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests per minute per API key or person; empty: the server's default.")
+    rate_limit_per_org = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests per minute for the whole organization; empty: the server's default.")
     created = models.DateTimeField(auto_now_add=True)
     # Bumped by database triggers (PostgreSQL) in the same transaction as any change to the org's
     # tools, compensation functions, budget policies or approval rules: the intercept caches those
@@ -173,6 +180,7 @@ class RememberedKey:
     """A key this process has seen valid: what the intercept's fast path needs to skip the lookup."""
 
     id: int
+    prefix: str
     digest: str
     agent_id: uuid.UUID
     agent_name: str
@@ -263,7 +271,7 @@ class AgentKey(models.Model):
         key.touch()
         if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
             _REMEMBERED.clear()
-        _REMEMBERED[key.prefix] = RememberedKey(key.pk, key.digest, key.agent_id, key.agent.name,
+        _REMEMBERED[key.prefix] = RememberedKey(key.pk, key.prefix, key.digest, key.agent_id, key.agent.name,
                                                 key.agent.org_id, key.last_used_at)
         return key
 

@@ -72,6 +72,23 @@ def celery_worker(*, beat: bool = False, concurrency: int = 2, log: Path | None 
         _stop(process)
 
 
+@contextmanager
+def celery_beat(*, log: Path | None = None, **env: str):
+    """`celery beat` on its own (production: exactly one, beside any number of workers)."""
+    log_path = log or Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}-{time.monotonic_ns()}.log"
+    schedule = Path(settings.VAR_DIR) / f"test-beat-schedule-{os.getpid()}-{time.monotonic_ns()}"
+    args = [sys.executable, "-m", "celery", "-A", "undolog_site", "beat", "--loglevel", "INFO",
+            "--schedule", str(schedule)]
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(args, cwd=BASE_DIR, env=child_env(**env), stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_log(log_path, "beat: Starting", process)
+        yield process
+    finally:
+        _stop(process)
+
+
 def _wait_for_log(path: Path, marker: str, process: subprocess.Popen, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -93,13 +110,25 @@ def asgi_server(**env: str):
 
 
 @contextmanager
-def wsgi_server(workers: int = 2, **env: str):
+def wsgi_server(workers: int = 2, threads: int = 0, **env: str):
     """The WSGI app under gunicorn with several worker processes (the production shape for /api/):
-    each has its own caches, so a test can prove that a change reaches every one. Yields its URL."""
+    each has its own caches, so a test can prove that a change reaches every one. `threads`: gthread
+    workers with that many threads each (as the README deploys it: long polls do not hold a process).
+    Yields its URL."""
     port = free_port()
-    with _web_server("wsgi", [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b",
-                              f"127.0.0.1:{port}", "-w", str(workers), "--log-level", "warning"], port, env) as base:
+    command = [sys.executable, "-m", "gunicorn", "undolog_site.wsgi:application", "-b", f"127.0.0.1:{port}",
+               "-w", str(workers), "--log-level", "warning"]
+    if threads:
+        # Keep-alive longer than any client stays idle (as behind a load balancer, whose idle timeout
+        # must be the shorter): gthread's default of 2 s closes connections a client is about to
+        # reuse, and a POST sent into that close is a connection reset.
+        command += ["-k", "gthread", "--threads", str(threads), "--keep-alive", "75"]
+    with _web_server("wsgi", command, port, env) as base:
         yield base
+
+
+# A running web server's URL → the pid of its process (group leader): for the soak's memory readings.
+PIDS: dict[str, int] = {}
 
 
 @contextmanager
@@ -121,6 +150,8 @@ def _web_server(kind: str, command: list[str], port: int, env: dict[str, str]):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the {kind} server did not start; see {log_path}")
             time.sleep(0.1)
+        PIDS[base] = process.pid
         yield base
     finally:
+        PIDS.pop(base, None)
         _stop(process)

@@ -99,7 +99,7 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
 
 def _error_response(exc: Exception) -> Response | None:
     if isinstance(exc, DomainError):
-        return Response(exc.body(), status=exc.status_code)
+        return Response(exc.body(), status=exc.status_code, headers=getattr(exc, "headers", None))
     if isinstance(exc, Http404):
         return Response({"error": "not_found", "message": "Not found."}, status=404)
     if isinstance(exc, PermissionDenied):

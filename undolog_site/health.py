@@ -1,4 +1,6 @@
-"""GET /healthz: 200 when the database and Redis answer, 503 naming what does not."""
+"""GET /healthz: 200 `ok` when the database and Redis answer; 200 `degraded` naming Redis when only
+Redis does not (the API keeps working on PostgreSQL alone: a load balancer must not take the node
+out); 503 `unhealthy` when the database does not."""
 
 from __future__ import annotations
 
@@ -19,5 +21,7 @@ def healthz(request) -> JsonResponse:
         redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2).ping()
     except redis.RedisError as exc:
         checks["redis"] = f"error: {exc}"
-    healthy = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "unhealthy", **checks}, status=200 if healthy else 503)
+    if checks["database"] != "ok":
+        return JsonResponse({"status": "unhealthy", "degraded": [], **checks}, status=503)
+    degraded = [name for name, value in checks.items() if value != "ok"]
+    return JsonResponse({"status": "degraded" if degraded else "ok", "degraded": degraded, **checks})

@@ -73,7 +73,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "undolog_site.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
+    "undolog_site.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "undolog_site.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -234,6 +236,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["orgs.auth.ApiRateLimit"],
     "DEFAULT_PARSER_CLASSES": ["undolog_site.parsers.DepthLimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "undolog_site.errors.exception_handler",
@@ -302,6 +305,27 @@ UNDOLOG_MAX_WAIT_S = 60
 # session.updated (core/fanout.py): a run's changes within this window reach open dashboards
 # as one message, so a burst of transitions is one nudge, not hundreds; well under the 1 s promise.
 UNDOLOG_SESSION_UPDATE_WINDOW_MS = envint("UNDOLOG_SESSION_UPDATE_WINDOW_MS", "100")
+
+# API rate limits (core/ratelimit.py), counted in Redis across nodes: requests per minute per
+# key (an agent key, or a person's token or session) and per org; an org may set its own
+# (org settings). Sized so a busy agent never meets them and a loop stuck at full speed does.
+UNDOLOG_RATE_LIMITS = envbool("UNDOLOG_RATE_LIMITS", "1")
+UNDOLOG_RATE_LIMIT_PER_KEY = envint("UNDOLOG_RATE_LIMIT_PER_KEY", "1200")
+UNDOLOG_RATE_LIMIT_PER_ORG = envint("UNDOLOG_RATE_LIMIT_PER_ORG", "6000")
+# Redis down: the limiter waits this long for it, then lets requests through without asking
+# for this many seconds (fail open: the API keeps working on PostgreSQL alone).
+UNDOLOG_RATE_LIMIT_TIMEOUT_MS = envint("UNDOLOG_RATE_LIMIT_TIMEOUT_MS", "250")
+UNDOLOG_RATE_LIMIT_BACKOFF_S = envint("UNDOLOG_RATE_LIMIT_BACKOFF_S", "5")
+# Sign-in throttling (orgs/login.py): failed sign-ins per account and per address in a window.
+UNDOLOG_LOGIN_FAILURES_PER_ACCOUNT = envint("UNDOLOG_LOGIN_FAILURES_PER_ACCOUNT", "5")
+UNDOLOG_LOGIN_FAILURES_PER_ADDRESS = envint("UNDOLOG_LOGIN_FAILURES_PER_ADDRESS", "30")
+UNDOLOG_LOGIN_WINDOW_S = envint("UNDOLOG_LOGIN_WINDOW_S", "900")
+# 503 database_unavailable (undolog_site/middleware.py): when to try again.
+UNDOLOG_DATABASE_RETRY_AFTER_S = envint("UNDOLOG_DATABASE_RETRY_AFTER_S", "2")
+# A task the broker could not take (core/enqueue.py): how long not to try again (the sweeps catch up).
+UNDOLOG_ENQUEUE_BACKOFF_S = envint("UNDOLOG_ENQUEUE_BACKOFF_S", "5")
+# How many proxies in front append to X-Forwarded-For (0: use the connection's address).
+UNDOLOG_TRUSTED_PROXIES = envint("UNDOLOG_TRUSTED_PROXIES", "0")
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "undolog@localhost")

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from approvals import slack
 from ops import metrics as ops_metrics
 from ops import views as ops_views
+from orgs.login import ThrottledAdminAuthenticationForm, ThrottledLoginView
 from undolog_site import errors, health
 
 admin.site.site_header = "undolog admin"
@@ -15,6 +16,8 @@ admin.site.site_title = "undolog admin"
 admin.site.index_title = "Data of every organization (staff only; reviewers use the dashboard)"
 # The app list beside every change list took a fifth of the width and clipped its last columns.
 admin.site.enable_nav_sidebar = False
+# Failed sign-ins are throttled per account and per address here as on /accounts/login/.
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     path("api/v1/", include("effects.urls")),
@@ -27,7 +30,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", ops_metrics.view, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     # Slack's Request URL for an org's app: signed by Slack, not by a session or token.

@@ -16,7 +16,8 @@ def test_members_read_the_settings(acme):
     assert response.json() == {"org": "acme", "name": "Acme", "approval_timeout_s": 900,
                                "auto_approve_on_timeout": False, "context_window": 10,
                                "email_notifications": False, "time_zone": "UTC", "approvals_by_risk_tag": {},
-                               "run_idle_timeout_s": 3600}
+                               "run_idle_timeout_s": 3600,
+                               "rate_limit_per_key": None, "rate_limit_per_org": None}
 
 
 def test_an_admin_changes_them_and_new_requests_follow(acme, tools):

@@ -98,7 +98,8 @@ def test_an_admin_creates_an_agent_and_issues_rotates_and_revokes_its_keys(acme,
     first_status = agent_call(server, first)
     card.locator('[data-action="rotate-key"]').click()
     page.click("#confirm-ok")
-    page.wait_for_function(f"document.getElementById('new-key-value').textContent !== {first!r}")
+    # A function, not an expression: the page's CSP has no 'unsafe-eval' for Playwright's polling.
+    page.wait_for_function(f"() => document.getElementById('new-key-value').textContent !== {first!r}")
     second = page.locator("#new-key-value").inner_text()
     grace = page.locator("#new-key-grace").inner_text()
     card.locator('tr.key-row[data-state="rotating"]').wait_for()
