@@ -5,7 +5,8 @@ walked, exactly as if the agent had failed it (`Session.abandon`).
 
 Silent means: no intercept (which stamps `Session.updated`) and no move of its effects
 (a commit, a failure) for that long. A run waiting for a reviewer is not silent: its session
-is `awaiting_approval`, not `running`, and a running one with a pending call is skipped too.
+is `awaiting_approval`, not `running`, and a running one with a pending call is skipped too;
+so is one whose approved call its tool's executor is running (the worker's, not the agent's).
 
 The beat runs `sweep` every UNDOLOG_ABANDON_SWEEP_S. It reads running sessions only, through
 the index on `Session.state`, one query per distinct timeout in use (orgs and agent overrides
@@ -45,8 +46,12 @@ def silent(timeout_s: int, now=None):
                  Q(agent__run_idle_timeout_s__isnull=True, org__run_idle_timeout_s=timeout_s))
     recent = Effect.objects.filter(session=OuterRef("pk"), updated__gte=cutoff)
     waiting = Effect.objects.filter(session=OuterRef("pk"), state=Effect.State.PENDING)
+    # An approved call its tool's executor runs is the worker's to finish (its retries may be an
+    # hour apart), not a sign that the agent went away.
+    executing = Effect.objects.filter(session=OuterRef("pk"), state__in=[Effect.State.APPROVED, Effect.State.EXECUTING],
+                                      tool__executor_url__gt="")
     return (Session.objects.filter(effective, state=Session.State.RUNNING, updated__lt=cutoff)
-            .exclude(Exists(recent)).exclude(Exists(waiting)).order_by("updated"))
+            .exclude(Exists(recent)).exclude(Exists(waiting)).exclude(Exists(executing)).order_by("updated"))
 
 
 def sweep(now=None) -> int:

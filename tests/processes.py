@@ -83,7 +83,8 @@ def celery_beat(*, log: Path | None = None, **env: str):
         process = subprocess.Popen(args, cwd=BASE_DIR, env=child_env(**env), stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_log(log_path, "beat: Starting", process)
+        # Its banner: beat logs its own lines at DEBUG (LOG_LEVEL), so "beat: Starting" may never show.
+        _wait_for_log(log_path, "is starting.", process)
         yield process
     finally:
         _stop(process)

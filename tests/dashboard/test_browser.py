@@ -60,7 +60,7 @@ def test_it_shows_a_new_request_in_the_queue_within_a_second_without_reload(acme
     assert row.locator(".tag.risk-loss").inner_text() == "data-loss"
     assert row.locator(".impact").inner_text() == "account acct-7 and its data"
     assert row.locator(".reasoning").inner_text() == "Inactive for 14 months."
-    page.wait_for_function("document.title.startsWith('(1) ')")
+    page.wait_for_function("() => document.title.startsWith('(1) ')")
     page.wait_for_function(f"""() => /min/.test(document.querySelector('tr[data-id="{approval}"] time').textContent)""")
 
 

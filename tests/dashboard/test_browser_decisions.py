@@ -78,7 +78,7 @@ def test_a_reviewer_rejects_two_requests_at_once_from_the_queue(acme, server, ne
     page.click("#confirm-ok")
 
     page.wait_for_selector(".flash.ok")
-    page.wait_for_function("document.querySelectorAll('tr.queue-row').length === 1")
+    page.wait_for_function("() => document.querySelectorAll('tr.queue-row').length === 1")
     states = {str(a.pk): (a.state, a.decision_reason) for a in ApprovalRequest.objects.all()}
     assert states[first["approval"]["id"]] == states[second["approval"]["id"]] == ("rejected", "Not during the freeze")
     assert states[third["approval"]["id"]][0] == "pending"

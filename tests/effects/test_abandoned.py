@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest
 from effects import abandon, tasks, undo
 from effects.models import Effect, Session, SessionTransition
 from orgs.models import Agent, Event
@@ -80,6 +81,29 @@ def test_a_run_waiting_for_a_reviewer_is_not_abandoned(acme):
     Session.objects.filter(pk=session_id).update(state="running")
     assert tasks.sweep_abandoned() == 0
     assert not Event.objects.filter(kind="session.abandoned").exists()
+
+
+def test_a_run_whose_approved_call_an_executor_runs_is_not_abandoned_but_one_left_by_its_agent_is(acme):
+    register_standard_tools(acme)
+    wire = {"name": "wire_money", "tier": "irreversible", "approval": {"reason": "Moves money"},
+            "executor": {"url": "http://127.0.0.1:9/run"}}
+    assert acme.api.post("/api/v1/tools", {"tools": [wire]}, format="json").status_code == 200
+    by_executor, by_agent = open_session(acme), open_session(acme)
+    assert intercept(acme, by_executor, "wire_money", {"amount": 1}, 1).status_code == 202
+    assert intercept(acme, by_agent, "delete_account", {"account_id": "a1"}, 1).status_code == 202
+    # The worker holds one approved call (its executor retries, maybe an hour apart); the other was
+    # approved for an agent that went away.
+    ApprovalRequest.objects.filter(session_id__in=[by_executor, by_agent]).update(state="approved")
+    Effect.objects.filter(session_id=by_executor).update(state="executing")
+    Effect.objects.filter(session_id=by_agent).update(state="approved")
+    Session.objects.filter(pk__in=[by_executor, by_agent]).update(state="running")
+    for session_id in (by_executor, by_agent):
+        silence(session_id, 86_400)
+
+    assert tasks.sweep_abandoned() == 1
+
+    assert Session.objects.get(pk=by_executor).state == "running"
+    assert Session.objects.get(pk=by_agent).state != "running"
 
 
 def test_the_agent_override_and_zero_for_never(acme, receiver):
