@@ -34,6 +34,7 @@ _process = None
 
 def pytest_configure(config) -> None:
     global _process
+    _flush_retrying_deadlocks()
     if os.environ.get("UNDOLOG_EMBEDDED_REDIS") == "1":
         from undolog_site import embedded_redis
 
@@ -46,3 +47,27 @@ def pytest_unconfigure(config) -> None:
         from undolog_site import embedded_redis
 
         embedded_redis.stop(_process)
+
+
+def _flush_retrying_deadlocks() -> None:
+    """A transactional test ends with a flush (TRUNCATE of every table) while the package's real
+    worker and beat keep sweeping: PostgreSQL may find the two deadlocked and abort the TRUNCATE.
+    The sweep's transaction is short, so the flush tries again (the tests' own data is untouched
+    by this; only the cleanup between tests is retried)."""
+    import time
+
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+
+    handle = flush.Command.handle
+
+    def retrying(self, **options):
+        for attempt in range(1, 6):
+            try:
+                return handle(self, **options)
+            except CommandError as exc:
+                if attempt == 5 or "deadlock detected" not in str(exc.__cause__ or ""):
+                    raise
+                time.sleep(0.2 * attempt)
+
+    flush.Command.handle = retrying

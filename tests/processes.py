@@ -56,35 +56,33 @@ def _stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 @contextmanager
 def celery_worker(*, beat: bool = False, concurrency: int = 2, log: Path | None = None, **env: str):
     """A real `celery worker` against the real broker; yields the Popen (kill it to test crashes)."""
-    log_path = log or Path(settings.VAR_DIR) / f"test-worker-{os.getpid()}.log"
-    args = [sys.executable, "-m", "celery", "-A", "undolog_site", "worker", "--loglevel", "INFO",
-            "--concurrency", str(concurrency), "--pool", "prefork", "--without-gossip", "--without-mingle",
+    args = ["worker", "--concurrency", str(concurrency), "--pool", "prefork", "--without-gossip", "--without-mingle",
             "--hostname", f"test-{os.getpid()}-{time.monotonic_ns()}@%h"]
     if beat:
         args += ["-B", "--schedule", str(Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}")]
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen(args, cwd=BASE_DIR, env=child_env(**env), stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_for_log(log_path, "ready", process)
+    with _celery(args, log or Path(settings.VAR_DIR) / f"test-worker-{os.getpid()}.log", "ready", env) as process:
         yield process
-    finally:
-        _stop(process)
 
 
 @contextmanager
 def celery_beat(*, log: Path | None = None, **env: str):
     """`celery beat` on its own (production: exactly one, beside any number of workers)."""
-    log_path = log or Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}-{time.monotonic_ns()}.log"
     schedule = Path(settings.VAR_DIR) / f"test-beat-schedule-{os.getpid()}-{time.monotonic_ns()}"
-    args = [sys.executable, "-m", "celery", "-A", "undolog_site", "beat", "--loglevel", "INFO",
-            "--schedule", str(schedule)]
+    log_path = log or Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}-{time.monotonic_ns()}.log"
+    # Its banner: beat logs its own lines at DEBUG (LOG_LEVEL), so "beat: Starting" may never show.
+    with _celery(["beat", "--schedule", str(schedule)], log_path, "is starting.", env) as process:
+        yield process
+
+
+@contextmanager
+def _celery(args: list[str], log_path: Path, ready: str, env: dict[str, str]):
+    """`celery -A undolog_site <args>` in its own process group, logging to `log_path`, once `ready` shows."""
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(args, cwd=BASE_DIR, env=child_env(**env), stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", *args, "--loglevel", "INFO"],
+                                   cwd=BASE_DIR, env=child_env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     try:
-        # Its banner: beat logs its own lines at DEBUG (LOG_LEVEL), so "beat: Starting" may never show.
-        _wait_for_log(log_path, "is starting.", process)
+        _wait_for_log(log_path, ready, process)
         yield process
     finally:
         _stop(process)
