@@ -273,10 +273,7 @@ class ApprovalRequest(models.Model):
         with transaction.atomic():
             self._decide(self.State.APPROVED, None, label, why, decided_args_digest=self.args_digest)
             effect.approve(actor=label, reason=why)
-            if effect.tool_id and effect.tool and effect.tool.executor_url:
-                queue_execution(effect, self)
-            Event.record(self.org, "approval.decided", agent=self.session.agent, session_id=self.session_id,
-                         grant=str(grant.pk), **self.event_data())
+            self._approved(effect, self.session.agent, grant=str(grant.pk))
 
     def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """Edit before approving: the edited args (None if unchanged) and the digest the decision
@@ -290,8 +287,8 @@ class ApprovalRequest(models.Model):
         return (None, digest) if digest == self.args_digest else (args, digest)
 
     def _release_approved(self, label: str, reason: str, edited: dict[str, Any] | None = None) -> None:
-        """After the guarded UPDATE to approved: effect approved, session running, executor
-        queued, `approval.decided` recorded (a person's, the deadline's or a grant's decision)."""
+        """After the guarded UPDATE to approved (a person's, the deadline's or a rule's decision):
+        effect approved, the waiting session running again, then `_approved`."""
         effect, session = self._effect_and_session()
         effect.approve(actor=label, reason=reason, approved_args=edited)
         if not _release(session, session.resume_running, label, reason or "approved"):
@@ -299,9 +296,14 @@ class ApprovalRequest(models.Model):
             raise Conflict(f"The session is {session.state}; this call can no longer run. "
                            "Reject it or let it expire.", code="session_not_awaiting_approval",
                            state=session.state)
+        self._approved(effect, session.agent)
+
+    def _approved(self, effect: Effect, agent, **extra: Any) -> None:
+        """Every approval ends here: a tool with an executor gets its call queued (the worker runs
+        it), and `approval.decided` is recorded."""
         if effect.tool_id and effect.tool and effect.tool.executor_url:
             queue_execution(effect, self)
-        Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
+        Event.record(self.org, "approval.decided", agent=agent, session_id=self.session_id, **extra,
                      **self.event_data())
 
     def _count_approval(self, by, reason: str) -> list[dict[str, str]] | None:

@@ -19,41 +19,44 @@ _FAST = {201: "execute", 200: "replay"}
 
 def intercept(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
     started = time.perf_counter()
-    response = _traced(request, session_id, answer) if tracing.on() else answer()
-    fast = response.get("X-Undolog-Path") == "fast"
-    if fast:
-        tier, decision = "compensable", _FAST.get(response.status_code, "error")
+    if tracing.on():
+        response, tier, decision = _traced(request, session_id, answer)
     else:
-        tier, decision = _outcome(response, _body(response, fast=False))
+        response = answer()
+        tier, decision = _outcome(response, None)
+    fast = response.get("X-Undolog-Path") == "fast"
     metrics.intercepted(tier, decision, "fast" if fast else "slow", time.perf_counter() - started)
     return response
 
 
-def _traced(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
+def _traced(request: HttpRequest, session_id: str,
+            answer: Callable[[], HttpResponse]) -> tuple[HttpResponse, str, str]:
     with tracing.span("execute_tool", **{"gen_ai.operation.name": "execute_tool",
                                           "undolog.session.id": session_id}) as span:
         response = answer()
-        fast = response.get("X-Undolog-Path") == "fast"
-        body = _body(response, fast)
-        if fast:
-            tier, decision = "compensable", _FAST.get(response.status_code, "error")
-        else:
-            tier, decision = _outcome(response, body)
+        # The span names the tool and the effect: read the body, the fast path's JSON included.
+        body = _body(response, parse=True)
+        tier, decision = _outcome(response, body)
         _annotate(span, request, body, tier, decision)
-    return response
+    return response, tier, decision
 
 
-def _body(response: HttpResponse, fast: bool) -> dict[str, Any]:
+def _body(response: HttpResponse, parse: bool) -> dict[str, Any]:
+    """The pipeline's answer as DRF left it; the fast path's rendered JSON only when `parse`."""
     data = getattr(response, "data", None)
     if isinstance(data, dict):
         return data
     try:
-        return json.loads(response.content) if fast else {}
+        return json.loads(response.content) if parse else {}
     except ValueError:
         return {}
 
 
-def _outcome(response: HttpResponse, body: dict[str, Any]) -> tuple[str, str]:
+def _outcome(response: HttpResponse, body: dict[str, Any] | None) -> tuple[str, str]:
+    """(tier, decision): the fast path answers only for compensable tools, by status; else the body says."""
+    if response.get("X-Undolog-Path") == "fast":
+        return "compensable", _FAST.get(response.status_code, "error")
+    body = _body(response, parse=False) if body is None else body
     effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
     decision = body.get("decision") or body.get("error") or str(response.status_code)
     return effect.get("tier") or "none", decision
