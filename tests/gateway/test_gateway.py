@@ -66,6 +66,26 @@ def test_fail_run_closes_both_created_issues_newest_first_through_the_upstream(h
     assert gateway.tracker.calls("close_issue") == [["close_issue", {"number": 2}], ["close_issue", {"number": 1}]]
 
 
+def test_a_client_leaving_while_an_undo_is_in_flight_still_has_it_reported(harness, acme):
+    gateway = harness()
+
+    async def scenario():
+        async with gateway.client() as client:
+            await client.call_tool("create_issue", {"title": "lingering"})
+            failed = await client.call_tool("undolog_fail_run", {"reason": "wrong repository"})
+            assert not failed.is_error
+            with anyio.fail_after(30):
+                while gateway.tracker.read()["closed"] != [1]:  # closed upstream, not yet answered
+                    await anyio.sleep(0.02)
+        # leaving now cancels the gateway's loop while its upstream call is still out
+
+    run(scenario)
+
+    session = session_of(acme)
+    assert eventually(lambda: Session.objects.get(pk=session.pk).state == "compensated")
+    assert gateway.tracker.calls("close_issue") == [["close_issue", {"number": 1}]]  # done once, not again
+
+
 def test_a_delete_waits_with_progress_until_a_reviewer_approves_then_runs(harness, acme):
     gateway = harness()
     progress: list[str] = []

@@ -4,7 +4,9 @@ State lives in a JSON file (``TRACKER_STATE``), so a test reads what really happ
 the issues, the order issues were closed in, and every call the tracker received.
 ``python -m tests.gateway.tracker`` serves stdio; ``--http PORT`` serves streamable HTTP.
 A title starting with "slow" makes create_issue write the issue, then hang (so a test can
-kill the gateway mid-call). ``enable_labels`` adds a tool and says so (tools/list_changed).
+kill the gateway mid-call); closing an issue titled "lingering…" answers a second after it is
+closed (so a test can leave while an undo is in flight). ``enable_labels`` adds a tool and
+says so (tools/list_changed).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 data["closed"].append(issue["number"])
             if name == "delete_issue":
                 del issues[str(issue["number"])]
-            return ok({"number": issue["number"], "state": issue["state"] if name != "delete_issue" else "deleted"})
+            result = {"number": issue["number"], "state": issue["state"] if name != "delete_issue" else "deleted"}
+            lingering = name == "close_issue" and issue["title"].startswith("lingering")
         elif name == "enable_labels":
             data["labels"] = True
             result = {"labels": True}
@@ -105,6 +108,8 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
             return fail(f"unknown tool {name}")
     if name == "enable_labels":
         await ctx.session.send_tool_list_changed()
+    if name == "close_issue" and lingering:
+        await anyio.sleep(1)  # closed already (the state file says so) but not yet answered
     if name == "create_issue" and result["title"].startswith("slow"):
         await anyio.sleep(60)  # the test kills the gateway meanwhile
     return ok(result)

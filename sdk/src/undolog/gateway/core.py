@@ -471,7 +471,12 @@ class Gateway:
                 log.debug("claim failed: %s", exc)
                 entries = []
             for entry in entries:
-                await arun_one(self.http, entry, self._compensator(entry["fn_name"]))
+                # A client leaving cancels this loop, but not mid-entry: an undo the upstream has
+                # done must still be reported, or undolog would wait out the lease and have the
+                # next gateway run it again. The lease bounds how long shutdown waits for it.
+                deadline = anyio.current_time() + self.config.claim_lease_s
+                with anyio.CancelScope(shield=True, deadline=deadline):
+                    await arun_one(self.http, entry, self._compensator(entry["fn_name"]))
             if not entries:
                 await anyio.sleep(self.config.claim_poll_s)
 
