@@ -5,6 +5,7 @@ from approvals.models import (
     ApprovalRequest,
     Grant,
     OrgWebhook,
+    ReviewerGroup,
     Rule,
     RuleChange,
     SlackConnection,
@@ -62,6 +63,61 @@ class RuleAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for rule in queryset:
             rule.remove(f"admin:{request.user.get_username()}")
+
+
+class ReviewerGroupForm(forms.ModelForm):
+    class Meta:
+        model = ReviewerGroup
+        fields = ["org", "name", "description", "members"]
+
+    def clean(self):
+        data = super().clean()
+        org, members = data.get("org"), data.get("members") or []
+        strangers = [str(m) for m in members if org is not None and m.org_id != org.pk]
+        if strangers:
+            raise forms.ValidationError({"members": f"Not members of {org}: {', '.join(strangers)}."})
+        return data
+
+
+@admin.register(ReviewerGroup)
+class ReviewerGroupAdmin(admin.ModelAdmin):
+    """Edited here like through the API: each edit is a reviewer_group.changed event (the audit
+    chain seals it), and a group a rule or a pending request uses is not deleted."""
+
+    form = ReviewerGroupForm
+    list_display = ["name", "org", "description", "updated", "updated_by"]
+    list_filter = ["org"]
+    search_fields = ["name", "org__slug"]
+    filter_horizontal = ["members"]
+    readonly_fields = ["updated", "updated_by"]
+
+    def save_model(self, request, obj: ReviewerGroup, form, change: bool) -> None:
+        stored = ReviewerGroup.objects.filter(pk=obj.pk).first() if change else None
+        # On the form, not on this admin (one instance serves every request): the members before.
+        form.before = None if stored is None else {"name": stored.name, "description": stored.description,
+                                                   "members": stored.member_names()}
+        obj.updated_by = f"admin:{request.user.get_username()}"
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        group: ReviewerGroup = form.instance
+        after = {"name": group.name, "description": group.description, "members": group.member_names()}
+        before = form.before or dict.fromkeys(after)
+        diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
+        if diff:
+            group._record("changed" if form.before else "created", diff, group.updated_by)
+
+    def has_delete_permission(self, request, obj: ReviewerGroup | None = None) -> bool:
+        return super().has_delete_permission(request, obj) and (obj is None or obj.in_use() is None)
+
+    def delete_model(self, request, obj: ReviewerGroup) -> None:
+        obj.remove(f"admin:{request.user.get_username()}")
+
+    def delete_queryset(self, request, queryset) -> None:
+        for group in queryset:
+            if group.in_use() is None:
+                group.remove(f"admin:{request.user.get_username()}")
 
 
 @admin.register(RuleChange)

@@ -102,6 +102,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def rule_observed(self, message: dict) -> None:
         await self.forward(message)
 
+    async def reviewer_group_changed(self, message: dict) -> None:
+        await self.forward(message)
+
     async def compensation_failed(self, message: dict) -> None:
         await self.forward(message)
 

@@ -123,7 +123,8 @@ QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
              '<td class="deadline"><time class="countdown" datetime="{deadline}">{left}</time> '
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a> '
-             '<small class="quorum" title="distinct approvers so far"{quorum_hidden}>{quorum}</small></td>'
+             '<small class="quorum" title="distinct approvers so far"{quorum_hidden}>{quorum}</small> '
+             '<small class="group" title="only this reviewer group may approve"{group_hidden}>{group}</small></td>'
              '<td class="agent" data-label="agent">{agent}</td><td class="tags">{tags}</td>'
              '<td class="impact">{impact}</td><td class="reasoning">{reasoning}</td></tr>')
 HIDDEN = mark_safe(" hidden")
@@ -131,7 +132,8 @@ HIDDEN = mark_safe(" hidden")
 
 def empty_queue_row() -> SafeString:
     return mark_safe(QUEUE_ROW.format(id="", deadline="", left="", auto=HIDDEN, url="", tool="", agent="", tags="",
-                                      impact="", reasoning="", quorum="", quorum_hidden=HIDDEN))
+                                      impact="", reasoning="", quorum="", quorum_hidden=HIDDEN, group="",
+                                      group_hidden=HIDDEN))
 
 
 @dataclass
@@ -149,6 +151,7 @@ class QueueRow:
     auto_approve_on_timeout: bool
     approvals: int = 0
     approvals_required: int = 1
+    reviewer_group: str = ""
 
     @property
     def quorum(self) -> str:
@@ -183,7 +186,9 @@ class QueueRow:
             auto="" if self.auto_approve_on_timeout else HIDDEN, url=escape(self.url), tool=escape(self.tool),
             agent=escape(self.agent), tags=tags, impact=escape(self.estimated_impact),
             reasoning=escape(self.reasoning), quorum=escape(self.quorum),
-            quorum_hidden="" if self.quorum else HIDDEN))
+            quorum_hidden="" if self.quorum else HIDDEN,
+            group=escape(f"needs {self.reviewer_group}" if self.reviewer_group else ""),
+            group_hidden="" if self.reviewer_group else HIDDEN))
 
 
 def first_line(text: str | None, limit: int = 200) -> str:
@@ -207,12 +212,12 @@ def pending_queue(org: Organization, limit: int = QUEUE_LIMIT, *, filters: dict[
                       deadline=Cast("timeout_at", output_field=TextField()))
             .values_list("id", "tool_name", "session_id", "session__agent__name", "risk_tags", "estimated_impact",
                          "deadline", "reasoning_head", "auto_approve_on_timeout", "approvals",
-                         "approvals_required")[:limit])
+                         "approvals_required", "reviewer_group_name")[:limit])
     return [QueueRow(id=str(pk), tool=tool, agent=agent, session=str(session),
                      risk_tags=[(tag, risk_class(tag)) for tag in tags or []], estimated_impact=impact,
                      timeout_at=_moment(deadline), reasoning=first_line(reasoning), auto_approve_on_timeout=auto,
-                     approvals=len(approvals or []), approvals_required=required)
-            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto, approvals, required in rows]
+                     approvals=len(approvals or []), approvals_required=required, reviewer_group=group)
+            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto, approvals, required, group in rows]
 
 
 # Filters of the queue. Age is how long a request has waited ("older than").

@@ -96,6 +96,7 @@ class ApprovalPayload(TypedDict):
     quorum: str
     rule: str | None
     rule_observations: list[RuleObservationDict]
+    reviewer_group: str | None
 
 
 class ApprovalEventPayload(EventPayload):
@@ -120,6 +121,7 @@ def approval_payload(approval) -> ApprovalPayload:
         decision_reason=approval.decision_reason or None, rollback=approval.rollback,
         approvals_required=approval.approvals_required, approvals=approval.approvals, quorum=approval.quorum,
         rule=approval.rule or None, rule_observations=approval.rule_observations,
+        reviewer_group=approval.reviewer_group_name or None,
     )
 
 

@@ -14,7 +14,8 @@ from django.db import models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from approvals.rules import Rule, RuleChange  # noqa: F401 (models of this app, kept in their own module)
+from approvals.groups import ReviewerGroup  # noqa: F401 (models of this app, kept in their own modules)
+from approvals.rules import Rule, RuleChange  # noqa: F401
 from budgets.models import Refusal
 from deliveries.models import Delivery
 from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
@@ -142,6 +143,12 @@ class ApprovalRequest(models.Model):
     approvals_required = models.PositiveSmallIntegerField(default=1)
     approvals = models.JSONField(default=list, blank=True)
     rule = models.CharField(max_length=100, blank=True, help_text="The rule that decided or required this.")
+    # A require rule's group: only its members may approve. The name stays when the group is
+    # deleted (only possible once nothing pending uses it), and a request whose group is gone
+    # can only be rejected or expire: it fails closed.
+    reviewer_group = models.ForeignKey("approvals.ReviewerGroup", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="approval_requests")
+    reviewer_group_name = models.CharField(max_length=64, blank=True)
     rule_observations = models.JSONField(default=list, blank=True,
                                          help_text="What observe-mode rules would have decided.")
     created = models.DateTimeField(default=timezone.now)
@@ -158,7 +165,7 @@ class ApprovalRequest(models.Model):
 
     @classmethod
     def open_for(cls, effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
-                 approvals_required: int = 1, rule: str = "",
+                 approvals_required: int = 1, rule: str = "", reviewer_group: Any = None,
                  observations: list[dict[str, Any]] | None = None) -> ApprovalRequest:
         """Create the request in the intercept transaction (deadline: tool, else org)."""
         org = session.org
@@ -166,6 +173,8 @@ class ApprovalRequest(models.Model):
         auto = tool.auto_approve_on_timeout
         return cls.objects.create(
             approvals_required=approvals_required, rule=rule, rule_observations=observations or [],
+            reviewer_group_id=reviewer_group.id if reviewer_group else None,
+            reviewer_group_name=reviewer_group.name if reviewer_group else "",
             org=org, effect=effect, session=session, tool_name=tool.name,
             reason=tool.approval_reason, risk_tags=tool.risk_tags,
             estimated_impact=render_text(tool.estimated_impact, effect.args),
@@ -235,7 +244,8 @@ class ApprovalRequest(models.Model):
         (`args`): the edit is what runs.
 
         1. An approval is bound to args: a digest that is not the request's is 409.
-        2. A person: not the one who started the run (403), and, with a quorum, counted once;
+        2. A person: not the one who started the run (403), a member of the request's reviewer
+           group if it has one (403 `not_in_reviewer_group`), and, with a quorum, counted once;
            the request stays pending until `approvals_required` distinct people approved. An
            edit needs a single approver (409 `edit_needs_single_approver`): the others would
            have approved args they never saw.
@@ -313,6 +323,7 @@ class ApprovalRequest(models.Model):
         The person who started the run may not approve its calls (403 run_starter_cannot_approve),
         and nobody counts twice (409 already_approved_by_you)."""
         self._refuse_run_starter(by)
+        self._refuse_outside_group(by)
         entry = {"by": by.get_username(), "at": timezone.now().isoformat()}
         if self.approvals_required <= 1:
             return [entry]
@@ -338,11 +349,30 @@ class ApprovalRequest(models.Model):
                      reason=reason or None, approvals=approvals, approvals_required=self.approvals_required)
         return None
 
-    def _refuse_run_starter(self, by) -> None:
+    def _started_run(self, user) -> bool:
         started_by = (self.session.started_by or "").strip().lower()
-        if started_by and started_by in {by.get_username().lower(), (by.email or "").lower()}:
+        return bool(started_by) and started_by in {user.get_username().lower(), (user.email or "").lower()}
+
+    def _refuse_run_starter(self, by) -> None:
+        if self._started_run(by):
             raise Forbidden(f"You started this run ({self.session.started_by}); another reviewer must approve "
                             "its calls.", code="run_starter_cannot_approve")
+
+    def in_group(self, user) -> bool:
+        """Whether `user` may approve for the request's reviewer group (True when it has none)."""
+        if not self.reviewer_group_name:
+            return True
+        return self.reviewer_group is not None and self.reviewer_group.has_member(user)
+
+    def _refuse_outside_group(self, by) -> None:
+        if not self.in_group(by):
+            raise Forbidden(f"Only members of the reviewer group {self.reviewer_group_name!r} may approve this call"
+                            + (f" (rule {self.rule})" if self.rule else "") + "; you may still reject it.",
+                            code="not_in_reviewer_group", reviewer_group=self.reviewer_group_name)
+
+    def may_approve(self, user) -> bool:
+        """Whether `user` (a reviewer) may approve this request: what the page and queue show."""
+        return not self._started_run(user) and self.in_group(user)
 
     def reject(self, by, reason: str, rollback: bool = False) -> None:
         """Reject with a reason: effect rejected, session halted (or failed, so its undo stack
@@ -597,7 +627,7 @@ def _release(session: Session, verb, actor: str, reason: str) -> bool:
 
 EVENT_KINDS = [
     "approval.requested", "approval.decided", "approval.expired", "approval.extended", "approval.counted",
-    "rule.changed", "rule.observed",
+    "rule.changed", "rule.observed", "reviewer_group.changed",
     "compensation.failed", "permission_denied", "budget.exceeded", "agent.suspended", "agent.resumed",
     "incident.changed", "session.updated", "session.abandoned", "grant.issued", "grant.revoked",
     # For the audit chain (ops/audit.py): budget and retention changes, hand resolutions, undone runs.

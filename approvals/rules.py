@@ -4,7 +4,8 @@ An org's rules are walked in `position` order on every irreversible call that wo
 a person (budgets are checked first, so no rule can approve past a cap). The first rule in
 `enforce` mode whose condition is true decides: `approve` (decided at once, `decided_by =
 "rule:<name>"`), `deny` (refused with the rule's message, a `Refusal` of kind `rule`) or
-`require` (`approvals_required` distinct reviewers). Rules in `observe` mode that match on
+`require` (`approvals_required` distinct reviewers, from its `reviewer_group` if it names one:
+see `approvals.groups`). Rules in `observe` mode that match on
 the way are recorded on the request and as `rule.observed` events, and change nothing.
 
 Conditions are compiled once (the `common-expression-language` package, CEL in Rust) and kept
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import cel
 from django.core.exceptions import ValidationError
@@ -113,6 +114,9 @@ class Rule(models.Model):
     condition = models.TextField(help_text='CEL, e.g. tool.name == "refund" && args.amount <= 50')
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     approvals_required = models.PositiveSmallIntegerField(default=1, help_text="require: distinct approvers.")
+    reviewer_group = models.ForeignKey("approvals.ReviewerGroup", null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="rules",
+                                       help_text="require: only this group's members may approve.")
     message = models.TextField(blank=True, help_text="Told to the agent (deny) and shown to reviewers.")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.ENFORCE)
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="rules",
@@ -131,11 +135,13 @@ class Rule(models.Model):
     def __str__(self) -> str:
         return f"rule {self.name} ({self.outcome}, {self.mode})"
 
-    FIELDS = ("name", "position", "condition", "outcome", "approvals_required", "message", "mode", "agent", "tool")
+    FIELDS = ("name", "position", "condition", "outcome", "approvals_required", "reviewer_group", "message", "mode",
+              "agent", "tool")
 
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "position": self.position, "condition": self.condition,
                 "outcome": self.outcome, "approvals_required": self.approvals_required,
+                "reviewer_group": self.reviewer_group.name if self.reviewer_group_id else None,
                 "message": self.message, "mode": self.mode,
                 "agent": self.agent.name if self.agent_id else None, "tool": self.tool or None}
 
@@ -151,6 +157,10 @@ class Rule(models.Model):
             raise ValidationError({"condition": exc.extra["fields"]["condition"]}) from None
         if self.agent_id and self.org_id and self.agent.org_id != self.org_id:
             raise ValidationError({"agent": "The agent belongs to another organization."})
+        if self.reviewer_group_id and self.org_id and self.reviewer_group.org_id != self.org_id:
+            raise ValidationError({"reviewer_group": "The group belongs to another organization."})
+        if self.reviewer_group_id and self.outcome != self.Outcome.REQUIRE:
+            raise ValidationError({"reviewer_group": "Only a require rule hands calls to a reviewer group."})
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         with transaction.atomic():
@@ -236,6 +246,13 @@ def bump_config_version(org_id: Any) -> None:
 # ---------------------------------------------------------------- the cache
 
 
+class GroupRef(NamedTuple):
+    """The reviewer group a require rule names, as the intercept needs it (no query)."""
+
+    id: uuid.UUID
+    name: str
+
+
 @dataclass(frozen=True)
 class CompiledRule:
     """A rule as the intercept uses it: settings and its compiled program, no model instance."""
@@ -245,6 +262,7 @@ class CompiledRule:
     outcome: str
     mode: str
     approvals_required: int
+    reviewer_group: GroupRef | None
     message: str
     agent_id: uuid.UUID | None
     tool: str
@@ -276,8 +294,9 @@ def compiled(rule: Rule) -> CompiledRule | None:
         program = compile_condition(rule.condition)
     except ConditionError:
         return None  # saved past the API (raw SQL): such a rule matches nothing
-    return CompiledRule(rule.id, rule.name, rule.outcome, rule.mode, rule.approvals_required, rule.message,
-                        rule.agent_id, rule.tool, program, frozenset(program.variables()))
+    group = GroupRef(rule.reviewer_group_id, rule.reviewer_group.name) if rule.reviewer_group_id else None
+    return CompiledRule(rule.id, rule.name, rule.outcome, rule.mode, rule.approvals_required, group,
+                        rule.message, rule.agent_id, rule.tool, program, frozenset(program.variables()))
 
 
 def rules_of(org: Organization) -> list[CompiledRule]:
@@ -287,7 +306,8 @@ def rules_of(org: Organization) -> list[CompiledRule]:
     found = _RULESETS.get(org.id)
     if found is not None and found.version == org.config_version:
         return found.rules
-    rules = [c for c in map(compiled, Rule.objects.filter(org_id=org.id).in_order()) if c is not None]
+    rows = Rule.objects.filter(org_id=org.id).select_related("reviewer_group").in_order()
+    rules = [c for c in map(compiled, rows) if c is not None]
     _RULESETS[org.id] = RuleSet(org.config_version, rules)
     return rules
 

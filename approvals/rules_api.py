@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import shapes, trial
+from approvals.groups import ReviewerGroup
 from approvals.rules import MAX_APPROVERS, MAX_CONDITION, MAX_RULES_PER_ORG, Rule, RuleChange
 from core.schema import errors, ok
 from effects.models import Tier, Tool
@@ -33,6 +34,7 @@ class RuleSerializer(StrictSerializer):
     condition = StringField(max_length=MAX_CONDITION, trim_whitespace=False)  # positions point into it as sent
     outcome = serializers.ChoiceField(choices=Rule.Outcome.choices)
     approvals_required = serializers.IntegerField(min_value=1, max_value=MAX_APPROVERS, required=False, default=1)
+    reviewer_group = StringField(max_length=64, required=False, allow_null=True, default=None)
     message = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
     mode = serializers.ChoiceField(choices=Rule.Mode.choices, required=False, default=Rule.Mode.ENFORCE)
     position = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
@@ -57,6 +59,12 @@ def _scope(org, data: dict[str, Any]) -> dict[str, Any]:
         if name and scoped["agent"] is None:
             raise Invalid({"agent": f"No agent named {name!r} in this organization."},
                           f"agent: no agent named {name!r} in this organization.")
+    if "reviewer_group" in data:
+        name = data["reviewer_group"]
+        scoped["reviewer_group"] = ReviewerGroup.objects.for_org(org).filter(name=name).first() if name else None
+        if name and scoped["reviewer_group"] is None:
+            raise Invalid({"reviewer_group": f"No reviewer group named {name!r} in this organization."},
+                          f"reviewer_group: no reviewer group named {name!r} (create it at /api/v1/reviewer-groups).")
     if "tool" in data:
         name = data["tool"] or ""
         tier = Tool.objects.for_org(org).filter(name=name).values_list("tier", flat=True).first() if name else None
@@ -69,6 +77,13 @@ def _scope(org, data: dict[str, Any]) -> dict[str, Any]:
     return {**data, **scoped}
 
 
+def _check_group(outcome: str, group: ReviewerGroup | None) -> None:
+    if group is not None and outcome != Rule.Outcome.REQUIRE:
+        raise Invalid({"reviewer_group": "Only a require rule hands calls to a reviewer group."},
+                      f"reviewer_group: only a require rule hands calls to a reviewer group (this one would "
+                      f"{outcome}); set outcome to require, or reviewer_group to null.")
+
+
 def _name_taken(name: str) -> Conflict:
     return Conflict(f"A rule named {name!r} exists in this organization; names are unique (decided_by "
                     "says rule:<name>).", code="rule_exists")
@@ -77,12 +92,15 @@ def _name_taken(name: str) -> Conflict:
 RULE_EXAMPLE = OpenApiExample("small refunds", request_only=True, value={
     "name": "small-refunds", "condition": 'tool.name == "refund" && args.amount <= 50', "outcome": "approve",
     "message": "Refunds up to 50 need no person.", "mode": "enforce"})
+GROUP_RULE_EXAMPLE = OpenApiExample("large refunds to finance", request_only=True, value={
+    "name": "large-refunds", "condition": 'tool.name == "refund" && args.amount > 1000', "outcome": "require",
+    "approvals_required": 2, "reviewer_group": "finance", "message": "Two people from finance approve these."})
 
 
 class RuleViewSet(OrgScopedViewSet):
     """An org's approval rules, in order: the first enforcing match decides an irreversible call."""
 
-    queryset = Rule.objects.select_related("agent")
+    queryset = Rule.objects.select_related("agent", "reviewer_group")
     not_found = ("rule_not_found", "No such rule.")
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -105,7 +123,8 @@ class RuleViewSet(OrgScopedViewSet):
         changes = RuleChange.objects.filter(org=self.org, rule_id=rule.id)[:50]
         return Response({**rule.as_dict(), "changes": [change.as_dict() for change in changes]})
 
-    @extend_schema(summary="Add a rule (admins)", tags=["rules"], request=RuleSerializer, examples=[RULE_EXAMPLE],
+    @extend_schema(summary="Add a rule (admins)", tags=["rules"], request=RuleSerializer,
+                   examples=[RULE_EXAMPLE, GROUP_RULE_EXAMPLE],
                    responses={**ok(shapes.RuleDict, 201),
                               **errors(400, 409, codes={400: ["invalid", "invalid_condition"], 409: ["rule_exists"]})})
     def create(self, request: Request) -> Response:
@@ -117,6 +136,7 @@ class RuleViewSet(OrgScopedViewSet):
             last = Rule.objects.for_org(self.org).in_order().values_list("position", flat=True).last()
             data["position"] = 0 if last is None else last + 10  # after the last, with room between
         data["tool"] = data.get("tool") or ""
+        _check_group(data["outcome"], data.get("reviewer_group"))
         try:
             with transaction.atomic():
                 rule = Rule.add(self.org, data, actor=self.caller.label)
@@ -135,6 +155,8 @@ class RuleViewSet(OrgScopedViewSet):
         if "tool" in data:
             data["tool"] = data["tool"] or ""
         rule = self.get_object()
+        _check_group(data.get("outcome", rule.outcome),
+                     data.get("reviewer_group", rule.reviewer_group))
         try:
             with transaction.atomic():
                 rule.change(data, actor=self.caller.label)

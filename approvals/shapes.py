@@ -40,6 +40,7 @@ class ApprovalItemDict(TypedDict):
     quorum: str
     rule: str | None
     rule_observations: list[RuleObservationDict]
+    reviewer_group: str | None
     reasoning: str
     seconds_left: int | None
 
@@ -170,6 +171,7 @@ class RuleDict(TypedDict):
     condition: str
     outcome: str
     approvals_required: int
+    reviewer_group: str | None
     message: str
     mode: str
     agent: str | None
@@ -177,6 +179,22 @@ class RuleDict(TypedDict):
     created: str
     updated: str
     updated_by: str | None
+
+
+class ReviewerGroupDict(TypedDict):
+    """A named set of the org's members that require rules hand calls to."""
+
+    id: str
+    name: str
+    description: str
+    members: list[str]
+    created: str
+    updated: str
+    updated_by: str | None
+
+
+class ReviewerGroupListDict(TypedDict):
+    reviewer_groups: list[ReviewerGroupDict]
 
 
 class RuleChangeDict(TypedDict):

@@ -11,7 +11,10 @@ interaction endpoint (`POST /slack/interactions/<connection id>`) runs in Slack'
    email (users.info), learned as a link (else 403 `slack_user_unknown`);
 3. Approve: `ApprovalRequest.approve` bound to the digest the message showed; Reject: a modal
    asks for the reason (views.open), and its submission calls `ApprovalRequest.reject`;
-4. the decision's `approval.decided` event brings the worker to update the message.
+4. the decision's `approval.decided` event brings the worker to update the message;
+5. a press that fails (an unknown user, a decided request, someone outside the request's
+   reviewer group) keeps its status code and is also told to the presser alone, as an
+   ephemeral message: Slack itself shows a failed press only as a warning icon.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from django.views.decorators.http import require_POST
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.webhook import WebhookClient
 
 from approvals.models import ApprovalRequest, SlackConnection, SlackMessage, SlackUserLink
 from orgs.models import Event, Membership
@@ -60,6 +64,9 @@ def message(approval: ApprovalRequest) -> dict[str, Any]:
     fields = [f"*Agent*\n{agent}", f"*Tool*\n{approval.tool_name}",
               f"*Risk*\n{', '.join(approval.risk_tags) or '-'}",
               f"*Impact*\n{approval.estimated_impact or '-'}"]
+    if approval.reviewer_group_name or approval.approvals_required > 1:
+        who = f"from *{approval.reviewer_group_name}*" if approval.reviewer_group_name else "distinct reviewers"
+        fields.append(f"*Needs*\n{approval.approvals_required} {who} ({approval.quorum} so far)")
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*{text}*\n{approval.reason}"}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
@@ -168,7 +175,12 @@ def handle(connection: SlackConnection, body: bytes, headers: dict[str, str]) ->
         return 400, {"error": "invalid", "message": "Expected a form field `payload` holding JSON."}
     kind = payload.get("type")
     if kind == "block_actions":
-        return _pressed(connection, payload)
+        try:
+            return _pressed(connection, payload)
+        except DomainError as exc:
+            # Slack shows a failed button press only as a warning icon: say why, to the presser alone.
+            tell(connection, payload, f":warning: {exc.message}")
+            raise
     if kind == "view_submission" and (payload.get("view") or {}).get("callback_id") == REJECT_MODAL:
         return _reason_given(connection, payload)
     return 200, {}  # other interactions (shortcuts, closing a modal) need nothing from us
@@ -185,7 +197,7 @@ def _pressed(connection: SlackConnection, payload: dict[str, Any]) -> tuple[int,
         approval.approve(user, "Approved in Slack.", digest or None)
         return 200, {"ok": True, "approval": str(approval.pk), "state": approval.state}
     if approval.state != ApprovalRequest.State.PENDING:
-        return 409, {"error": "already_decided", "message": f"This request was already {approval.state}."}
+        raise DomainError(f"This request was already {approval.state}.", code="already_decided", status_code=409)
     client(connection).views_open(trigger_id=payload.get("trigger_id"), view=reject_modal(approval))
     return 200, {"ok": True, "approval": str(approval.pk), "state": approval.state, "modal": True}
 
@@ -208,14 +220,29 @@ def reject_modal(approval: ApprovalRequest) -> dict[str, Any]:
 def _reason_given(connection: SlackConnection, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     view = payload["view"]
     reason = (((view.get("state") or {}).get("values") or {}).get("reason") or {}).get("reason", {}).get("value")
-    approval = _approval(connection, view.get("private_metadata", ""))
-    user = reviewer_for(connection, (payload.get("user") or {}).get("id", ""))
     try:
+        approval = _approval(connection, view.get("private_metadata", ""))
+        user = reviewer_for(connection, (payload.get("user") or {}).get("id", ""))
         approval.reject(user, reason or "")
     except DomainError as exc:
         # Said in the modal, next to the reason (Slack keeps it open).
         return 200, {"response_action": "errors", "errors": {"reason": exc.message}}
     return 200, {}
+
+
+def tell(connection: SlackConnection, payload: dict[str, Any], text: str) -> None:
+    """An ephemeral reply to whoever pressed: through the interaction's `response_url` (signed
+    with the payload, so it is Slack's), else chat.postEphemeral. Best effort, a few seconds at
+    most: Slack wants the interaction answered within three."""
+    user = (payload.get("user") or {}).get("id", "")
+    try:
+        if payload.get("response_url"):
+            WebhookClient(payload["response_url"], timeout=2).send(text=text, response_type="ephemeral",
+                                                                   replace_original=False)
+        elif (payload.get("channel") or {}).get("id") and user:
+            client(connection).chat_postEphemeral(channel=payload["channel"]["id"], user=user, text=text)
+    except (SlackApiError, SlackClientError, OSError) as exc:
+        log.info("could not tell %s why their press failed: %s", user, exc)
 
 
 def _approval(connection: SlackConnection, approval_id: str) -> ApprovalRequest:

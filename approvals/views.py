@@ -104,6 +104,7 @@ def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
 def approval_detail(request: HttpRequest, membership: Membership, pk) -> HttpResponse:
     approval = get_object_or_404(dashboard.approvals_of(membership.org), pk=pk)
     context = dashboard.approval_context(approval)
+    context["in_group"] = approval.in_group(request.user)  # may approve for its reviewer group (if any)
     return page(request, membership, "approvals/approval.html", context, partial="approvals/_approval_live.html")
 
 

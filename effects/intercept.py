@@ -205,8 +205,9 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
     2. deny: the effect is rejected by the rule, a refusal of kind `rule` is recorded, the run
        goes on (the agent is told why, with the rule's name); the call stays counted, like a
        person's rejection, and a resubmission replays the refusal.
-    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for.
-    4. A live grant (a single approver asked, no approving rule) decides it at once as
+    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for, and
+       the reviewer group a require rule names (only its members may approve).
+    4. A live grant (a single approver asked, no group, no approving rule) decides it at once as
        `grant:<id>`; the session keeps running.
     5. Else session `awaiting_approval`; approve: decided at once by the rule, exactly like a
        person's decision (`decided_by = "rule:<name>"`); reviewers are not asked.
@@ -220,12 +221,13 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
     if rule is not None and rule.outcome == rules.Rule.Outcome.DENY:
         return _deny(agent, session, tool, call, effect, rule)
     required = quorum_for(agent.org, tool, rule)
+    group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
                                         approvals_required=required, rule=rule.name if rule else "",
-                                        observations=verdict.observations())
+                                        reviewer_group=group, observations=verdict.observations())
     # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
-    # stands in for a quorum of several people.
-    if required == 1 and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
+    # stands in for a quorum of several people or for the reviewer group a rule names.
+    if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
         granted = _granted(agent, session, tool, effect, approval)
         if granted is not None:
             return granted

@@ -36,7 +36,7 @@ from orgs.models import Event, Organization
 # switches, compensations and resolutions by hand, agents suspended and resumed, keys. A kind
 # added later under one of these prefixes (rule.created, grant.revoked) is covered without a change.
 AUDITED_PREFIXES = ("approval.", "rule.", "grant.", "policy.", "incident.", "compensation.", "undo_entry.",
-                    "agent.", "key.", "budget.")
+                    "agent.", "key.", "budget.", "reviewer_group.")
 AUDITED_KINDS = frozenset({"permission_denied", "session.abandoned", "session.compensated"})
 # An event committed this long after its `created` stamp is still sealed (the seal re-reads this window).
 SLACK = timedelta(minutes=10)

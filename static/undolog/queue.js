@@ -60,6 +60,9 @@
     var several = (item.approvals_required || 1) > 1;
     quorum.hidden = !several;
     quorum.textContent = several ? (item.approvals || []).length + " of " + item.approvals_required : "";
+    var group = row.querySelector(".group");
+    group.hidden = !item.reviewer_group;
+    group.textContent = item.reviewer_group ? "needs " + item.reviewer_group : "";
   }
 
   function build(item) {

@@ -9,7 +9,9 @@
   function value(name) { var el = field(name); return el ? el.value.trim() : ""; }
 
   function showApprovers() {
-    document.getElementById("approvals-field").hidden = value("outcome") !== "require";
+    var require = value("outcome") === "require";
+    document.getElementById("approvals-field").hidden = !require;
+    document.getElementById("group-field").hidden = !require;
   }
 
   function conditionError(err) {
@@ -38,6 +40,13 @@
     var data = {condition: field("condition").value, outcome: value("outcome"), agent: value("agent") || null,
                 tool: value("tool") || null};
     if (data.outcome === "require") data.approvals_required = parseInt(value("approvals_required"), 10) || 2;
+    return data;
+  }
+
+  function saved() {
+    // What a save sends beyond the trial's fields: a group only with require (null clears it).
+    var data = body();
+    data.reviewer_group = data.outcome === "require" ? value("reviewer_group") || null : null;
     return data;
   }
 
@@ -91,7 +100,7 @@
 
   function save(event) {
     event.preventDefault();
-    var data = body();
+    var data = saved();
     data.name = value("name");
     data.mode = value("mode");
     data.message = value("message");
@@ -108,6 +117,7 @@
     });
     field("agent").value = rule.agent || "";
     field("tool").value = rule.tool || "";
+    field("reviewer_group").value = rule.reviewer_group || "";
     document.getElementById("editor-title").textContent = "Edit rule " + rule.name;
     document.getElementById("new-rule").hidden = false;
     showApprovers();
@@ -126,6 +136,52 @@
       fresh.hidden = true;
       document.getElementById("editor-title").textContent = "New rule";
       showApprovers();
+    });
+  }
+
+  // Reviewer groups (admins): create, edit members, delete.
+  var groupForm = document.getElementById("group-form");
+  function groupField(name) { return groupForm.elements[name]; }
+
+  function saveGroup(event) {
+    event.preventDefault();
+    var id = groupField("id").value;
+    var members = Array.prototype.filter.call(groupForm.querySelectorAll("input[name=members]"),
+      function (box) { return box.checked; }).map(function (box) { return box.value; });
+    var data = {name: groupField("name").value.trim(), description: groupField("description").value.trim(),
+                members: members};
+    UL.act(document.getElementById("save-group"), function () {
+      return UL.api(id ? "PATCH" : "POST", "/api/v1/reviewer-groups" + (id ? "/" + id : ""), data);
+    }, id ? "Group saved." : "Group added.").then(function () { window.location.reload(); }, function () {});
+  }
+
+  function editGroup(group) {
+    groupField("id").value = group.id;
+    groupField("name").value = group.name;
+    groupField("description").value = group.description || "";
+    groupForm.querySelectorAll("input[name=members]").forEach(function (box) {
+      box.checked = group.members.indexOf(box.value) >= 0;
+    });
+    document.getElementById("new-group").hidden = false;
+    groupForm.scrollIntoView({behavior: "smooth"});
+  }
+
+  if (groupForm) {
+    groupForm.addEventListener("submit", saveGroup);
+    document.getElementById("new-group").addEventListener("click", function () {
+      groupForm.reset();
+      groupField("id").value = "";
+      document.getElementById("new-group").hidden = true;
+    });
+    document.getElementById("group-rows").addEventListener("click", function (event) {
+      var button = event.target.closest("button[data-action]");
+      if (!button) return;
+      var group = JSON.parse(button.closest("li").dataset.json);
+      if (button.dataset.action === "edit-group") editGroup(group);
+      if (button.dataset.action === "delete-group" && window.confirm("Delete the reviewer group " + group.name + "?")) {
+        UL.act(button, function () { return UL.api("DELETE", "/api/v1/reviewer-groups/" + group.id); }, "Group deleted.")
+          .then(function () { window.location.reload(); }, function () {});
+      }
     });
   }
 

@@ -48,3 +48,28 @@ def test_a_bad_condition_is_a_form_error_with_its_position(staff, acme):
     assert response.status_code == 200
     assert "line 1, column 14" in response.content.decode()
     assert not Rule.objects.exists()
+
+
+GROUPS = "/admin/approvals/reviewergroup/"
+
+
+def test_a_reviewer_group_edited_in_the_admin_is_recorded_and_keeps_to_its_org(staff, acme, outsider):
+    from approvals.models import ReviewerGroup
+    from orgs.models import Event, Membership
+
+    mine = Membership.objects.get(org=acme.org, user__username="acme-reviewer")
+    foreign = Membership.objects.get(org=outsider.org, user__username="globex-reviewer")
+    fields = {"org": acme.org.pk, "name": "finance", "description": ""}
+
+    refused = staff.post(f"{GROUPS}add/", {**fields, "members": [mine.pk, foreign.pk]})
+    assert refused.status_code == 200 and "Not members of" in refused.content.decode()
+    assert not ReviewerGroup.objects.exists()
+
+    assert staff.post(f"{GROUPS}add/", {**fields, "members": [mine.pk]}).status_code == 302
+    group = ReviewerGroup.objects.get()
+    assert staff.post(f"{GROUPS}{group.pk}/change/", {**fields, "members": []}).status_code == 302
+
+    recorded = [(e.data["action"], e.data["by"], e.data["changes"].get("members"))
+                for e in Event.objects.filter(kind="reviewer_group.changed").order_by("created")]
+    assert recorded == [("created", "admin:root", [None, ["acme-reviewer"]]),
+                        ("changed", "admin:root", [["acme-reviewer"], []])]

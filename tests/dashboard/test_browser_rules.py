@@ -91,3 +91,34 @@ def test_the_queue_and_the_request_show_one_of_two_live(acme, server, new_page):
     reviewer.wait_for_selector("#decision.decision-approved")
     assert "second" in reviewer.inner_text("#decision")
     assert ApprovalRequest.objects.get(pk=approval_id).state == "approved"
+
+
+def test_an_admin_makes_a_reviewer_group_and_hands_big_refunds_to_it(acme, server, new_page):
+    register(acme, irreversible("refund"))
+    acme.person("dana", "reviewer")
+    page = new_page()
+    log_in(page, acme.admin.user)
+    page.goto("/rules/")
+
+    page.fill("#group-form input[name=name]", "finance")
+    page.check('#group-form input[name=members][value="dana"]')
+    page.click("#save-group")
+    page.wait_for_selector('#group-rows .group-row:has-text("finance")')
+    assert "dana" in page.inner_text("#group-rows")
+
+    page.fill("#rule-form input[name=name]", "big-refunds")
+    page.fill("textarea[name=condition]", "args.amount > 1000")
+    page.select_option("select[name=outcome]", "require")
+    page.fill("input[name=approvals_required]", "1")
+    assert page.is_visible("#group-field")
+    page.select_option("select[name=reviewer_group]", "finance")
+    page.click("#save-rule")
+    page.wait_for_selector('tr.rule-row:has-text("big-refunds")')
+    assert "1 approver from finance" in page.inner_text('tr.rule-row:has-text("big-refunds")')
+
+    approval_id = intercept(acme, open_session(acme), "refund", {"amount": 5000}, 1).json()["approval"]["id"]
+    page.goto("/")
+    assert page.inner_text(f'tr.queue-row[data-id="{approval_id}"] .group') == "needs finance"
+    page.goto(f"/approvals/{approval_id}/")  # the admin is not in finance: no approve, an explanation
+    assert page.is_visible("#not-in-group") and page.locator("#approve-button").count() == 0
+    assert page.is_visible("#reject-button")

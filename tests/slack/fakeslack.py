@@ -1,6 +1,7 @@
 """A local fake of Slack's Web API: a real HTTP server on 127.0.0.1 that slack-sdk's WebClient
-talks to (its `base_url` pointed here). It answers chat.postMessage, chat.update, users.info
-and views.open as Slack does, checks the bot token, and records every call."""
+talks to (its `base_url` pointed here). It answers chat.postMessage, chat.postEphemeral, chat.update,
+users.info, views.open and an interaction's response_url as Slack does, checks the bot token,
+and records every call."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ class FakeSlack:
         self.server.shutdown()
         self.server.server_close()
 
+    @property
+    def response_url(self) -> str:
+        """Where an interaction's replies go (Slack gives one per payload)."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}/actions/respond"
+
     def called(self, method: str) -> list[SlackCall]:
         return [c for c in self.calls if c.method == method]
 
@@ -53,11 +59,15 @@ class FakeSlack:
         return self.called(method)
 
     def answer(self, call: SlackCall) -> dict:
+        if call.method == "respond":  # an interaction's response_url: no token, the URL is the secret
+            return {"ok": True}
         if call.token != self.token:
             return {"ok": False, "error": "invalid_auth"}
         if call.method == "chat.postMessage":
             self.seq += 1
             return {"ok": True, "channel": "C0FAKE", "ts": f"1700000000.{self.seq:06d}", "message": call.args}
+        if call.method == "chat.postEphemeral":
+            return {"ok": True, "message_ts": "1700000000.999999"}
         if call.method == "chat.update":
             return {"ok": True, "channel": call.args.get("channel"), "ts": call.args.get("ts")}
         if call.method == "users.info":

@@ -1,6 +1,7 @@
 """Slack approvals end to end: a fake of Slack's Web API (a real local HTTP server) receives the
 worker's Block Kit message; signed button presses decide through the same verbs; bad or stale
-signatures are 401, unknown Slack users 403; a decision made anywhere updates the message."""
+signatures are 401, unknown Slack users 403 (and a failed press is told to the presser alone);
+a decision made anywhere updates the message."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from slack_sdk.signature import SignatureVerifier
 
 from approvals.models import ApprovalRequest, SlackConnection, SlackMessage, SlackUserLink, unseal
+from approvals.slack import message as slack_message
 from budgets.models import Refusal
 from tests.approvals.conftest import hold
 from tests.slack.conftest import BOT_TOKEN, SIGNING_SECRET
@@ -43,9 +45,10 @@ def press(client, connection_id: str, payload: dict, *, secret: str = SIGNING_SE
                        HTTP_X_SLACK_REQUEST_TIMESTAMP=timestamp, HTTP_X_SLACK_SIGNATURE=signature)
 
 
-def button(approval: ApprovalRequest, action: str, slack_id: str = "U0REVIEWER") -> dict:
+def button(approval: ApprovalRequest, action: str, slack_id: str = "U0REVIEWER", respond_to: str = "") -> dict:
     value = f"{approval.pk}:{approval.args_digest}" if action == "undolog_approve" else str(approval.pk)
     return {"type": "block_actions", "user": {"id": slack_id}, "trigger_id": "T-123.456",
+            **({"response_url": respond_to} if respond_to else {"channel": {"id": "C0APPROVALS"}}),
             "actions": [{"action_id": action, "value": value, "type": "button"}]}
 
 
@@ -254,3 +257,64 @@ def test_the_admin_and_the_settings_page_take_the_secrets_and_never_show_them(ac
     client.force_login(acme.admin.user)
     page = client.get("/settings/").content.decode()
     assert "C0NEW" in page and f"/slack/interactions/{row.pk}" in page and BOT_TOKEN not in page
+
+
+def connected(persona) -> SlackConnection:
+    row = SlackConnection(org=persona.org, channel="C0APPROVALS")
+    row.set_secrets(BOT_TOKEN, SIGNING_SECRET)
+    row.save()
+    return row
+
+
+def told(fake, method: str = "respond") -> list[str]:
+    return [c.args.get("text", "") for c in fake.called(method)]
+
+
+def test_a_failed_press_is_explained_to_the_presser_alone(acme, client, fake_slack):
+    row = connected(acme)
+    approval = ApprovalRequest.objects.get(pk=hold(acme)["approval"]["id"])
+
+    unknown = press(client, row.pk, button(approval, "undolog_approve", "U0STRANGER", fake_slack.response_url))
+
+    assert (unknown.status_code, unknown.json()["error"]) == (403, "slack_user_unknown")
+    [said] = told(fake_slack)
+    assert "not a reviewer of the organization" in said
+    assert fake_slack.called("respond")[0].args["response_type"] == "ephemeral"
+    assert fake_slack.called("respond")[0].args["replace_original"] is False
+
+    slack_user(fake_slack, acme)
+    assert press(client, row.pk, button(approval, "undolog_approve")).status_code == 200
+    late = press(client, row.pk, button(approval, "undolog_reject", respond_to=fake_slack.response_url))
+
+    assert (late.status_code, late.json()["error"]) == (409, "already_decided")
+    assert told(fake_slack)[-1] == ":warning: This request was already approved."
+
+
+def test_without_a_response_url_the_explanation_is_a_chat_ephemeral(acme, client, fake_slack):
+    row = connected(acme)
+    approval = ApprovalRequest.objects.get(pk=hold(acme)["approval"]["id"])
+
+    press(client, row.pk, button(approval, "undolog_approve", "U0STRANGER"))
+
+    [call] = fake_slack.called("chat.postEphemeral")
+    assert (call.args["channel"], call.args["user"]) == ("C0APPROVALS", "U0STRANGER")
+    assert "not a reviewer" in call.args["text"]
+
+
+def test_a_reviewer_outside_the_requests_group_is_refused_in_slack_too(acme, client, fake_slack):
+    row = connected(acme)
+    hold(acme)  # registers the tools
+    group = acme.admin.post("/api/v1/reviewer-groups", {"name": "finance", "members": ["acme-admin"]}, format="json")
+    assert group.status_code == 201, group.content
+    rule = acme.admin.post("/api/v1/rules", {"name": "to-finance", "condition": "true", "outcome": "require",
+                                             "reviewer_group": "finance"}, format="json")
+    assert rule.status_code == 201, rule.content
+    approval = ApprovalRequest.objects.get(pk=hold(acme)["approval"]["id"])
+    assert "from *finance*" in json.dumps(slack_message(approval))
+    slack_user(fake_slack, acme)
+
+    response = press(client, row.pk, button(approval, "undolog_approve", respond_to=fake_slack.response_url))
+
+    assert (response.status_code, response.json()["error"]) == (403, "not_in_reviewer_group")
+    assert "reviewer group 'finance'" in told(fake_slack)[-1]
+    assert ApprovalRequest.objects.get(pk=approval.pk).state == "pending"
