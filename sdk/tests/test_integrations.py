@@ -130,6 +130,28 @@ def test_a_replayed_call_returns_the_stored_result_without_running(client: UndoL
     assert [b["result"] for b in server.bodies("/commit")] == [{"value": "sent to a@x.io"}]
 
 
+EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
+          '{"to": "b@x.io"}, not with the arguments you proposed.\n')
+HELD = {"tier": "irreversible", "reason": "Mails a customer"}
+
+
+def test_a_call_a_reviewer_edited_runs_the_edit_and_says_so_even_when_replayed(
+        client: UndoLogClient, server: FakeServer) -> None:
+    server.decisions["send_email"] = ("approved", {"approved_args": {"to": "b@x.io"}})
+    turns = [[("send_email", {"to": "a@x.io"})], "done"]
+    with client.session(agent="cleanup") as s:
+        first = _agent(turns, [send_email], {"send_email": HELD}, client)
+        ran = first.invoke({"messages": [("user", "go")]})["messages"]
+    with client.resume_session(s.id):  # as after a crash: the stored result, the same note
+        again = _agent(turns, [send_email], {"send_email": HELD}, client)
+        replayed = again.invoke({"messages": [("user", "go")]})["messages"]
+
+    assert RAN == ["send_email b@x.io"]
+    assert [m.content for m in ran + replayed if isinstance(m, ToolMessage)] == [
+        EDITED + "sent to b@x.io"] * 2
+    assert [b["result"] for b in server.bodies("/commit")] == [{"value": "sent to b@x.io"}]
+
+
 def test_the_middleware_fails_closed_on_an_undeclared_tool(client: UndoLogClient) -> None:
     agent = _agent([[("send_email", {"to": "a@x.io"})], "done"], [send_email],
                    {"search": "safe"}, client)
@@ -226,3 +248,21 @@ def test_a_replayed_function_tool_call_returns_the_stored_result(client: UndoLog
 
     assert asyncio.run(run()) == ["notified a@x.io", "notified a@x.io"]
     assert RAN == ["notify a@x.io"]
+
+
+def test_a_function_tool_call_a_reviewer_edited_runs_the_edit_and_says_so_even_when_replayed(
+        client: UndoLogClient, server: FakeServer) -> None:
+    server.decisions["notify"] = ("approved", {"approved_args": {"to": "b@x.io"}})
+    [wrapped] = wrap_function_tools([notify], {"notify": HELD})
+    client.register(wrapped)
+
+    async def run() -> list[object]:
+        async with client.session(agent="cleanup") as s:
+            first = await _call(wrapped, {"to": "a@x.io"})
+        async with client.resume_session(s.id):
+            again = await _call(wrapped, {"to": "a@x.io"})
+        return [first, again]
+
+    assert asyncio.run(run()) == [EDITED + "notified b@x.io"] * 2
+    assert RAN == ["notify b@x.io"]
+    assert [b["result"] for b in server.bodies("/commit")] == [{"value": "notified b@x.io"}]

@@ -116,6 +116,12 @@ class Person:
     def decide(self, approval_id: str, verb: str, reason: str = "") -> httpx.Response:
         return self.http.post(f"/api/v1/approvals/{approval_id}/{verb}", json={"reason": reason})
 
+    def approve_edited(self, request: dict, args: dict, reason: str = "") -> None:
+        """Approve the request with the args edited first (edit before approving)."""
+        answer = self.http.post(f"/api/v1/approvals/{request['id']}/approve",
+                                json={"args": args, "args_digest": request["args_digest"], "reason": reason})
+        assert answer.status_code == 200, answer.text
+
     def patch_budget(self, agent: str, **limits: Any) -> dict:
         response = self.http.patch(f"/api/v1/agents/{agent}/budget", json=limits)
         assert response.status_code == 200, response.text

@@ -5,6 +5,7 @@ LangChain's fake chat model. The tools are plain `@tool` functions; the adapter 
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from tests.receiver import Receiver
 from tests.sdk import langchain_agent as lc
 from tests.sdk.agent_tools import RAN
 from tests.sdk.conftest import Person, reviewer, token_of
+from tests.sdk.test_edit_before_approve import edit_and_approve
 from tests.sdk.test_replay import BASE_DIR, _env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -243,4 +245,110 @@ def test_with_interrupts_a_parallel_sibling_of_a_held_call_is_told_to_call_again
     assert outputs.count("Another call of this run is waiting for a reviewer; this call was not executed. "
                          "Call it again once that call is decided.") == 1
     assert sorted(o for o in outputs if o.startswith("deleted")) == ["deleted acct-101", "deleted acct-102"]
+    assert Session.objects.get(pk=run.session.id).state == "completed"
+
+
+# -- edit before approving: the tool runs the reviewer's args, and the model is told ------------
+
+EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
+          '{"account_id": "acct-103"}, not with the arguments you proposed.\ndeleted acct-103')
+
+
+def assert_ran_edited(session_id, caplog) -> None:
+    """The tool ran acct-103 (never the proposed acct-102); the effect keeps both."""
+    assert RAN == ["delete_account acct-103"]
+    effect = Effect.objects.get(session_id=session_id)
+    assert (effect.args, effect.approved_args, effect.state) == (
+        {"account_id": "acct-102"}, {"account_id": "acct-103"}, "committed")
+    assert effect.result == {"value": "deleted acct-103"}  # the tool's output; the note is the model's
+    assert any("edited before approving" in r.getMessage() and "acct-103" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)
+
+
+def delete_102() -> lc.ScriptedChatModel:
+    return lc.scripted([[("delete_account", {"account_id": "acct-102"})], "Deleted acct-103."])
+
+
+def test_the_middleware_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client, caplog):
+    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
+    model = delete_102()
+    agent = create_agent(model, lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)])
+
+    with caplog.at_level(logging.INFO, logger="undolog"), lc_client.session(agent="cleanup") as s:
+        result = agent.invoke(ASK)
+    person.thread.join(10)
+
+    assert tool_messages(result["messages"]) == [EDITED]
+    assert tool_messages(model.seen[-1]) == [EDITED]  # what the model read on its next turn
+    assert_ran_edited(s.id, caplog)
+
+
+def test_the_async_middleware_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client,
+                                                                                  caplog):
+    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
+    agent = create_agent(delete_102(), lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)])
+
+    async def run():
+        async with lc_client.session(agent="cleanup") as s:
+            return s, await agent.ainvoke(ASK)
+
+    with caplog.at_level(logging.INFO, logger="undolog"):
+        s, result = asyncio.run(run())
+    person.thread.join(10)
+
+    assert tool_messages(result["messages"]) == [EDITED]
+    assert_ran_edited(s.id, caplog)
+
+
+def test_a_wrapped_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client, caplog):
+    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
+    model = delete_102()
+    agent = lc.graph(model)  # a ToolNode of wrap_tools' UndologTools
+
+    with caplog.at_level(logging.INFO, logger="undolog"), lc_client.session(agent="cleanup") as s:
+        result = agent.invoke(ASK)
+    person.thread.join(10)
+
+    assert tool_messages(result["messages"]) == [EDITED]
+    assert tool_messages(model.seen[-1]) == [EDITED]
+    assert_ran_edited(s.id, caplog)
+
+
+def test_an_async_wrapped_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client,
+                                                                                   caplog):
+    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
+    agent = lc.graph(delete_102())
+
+    async def run():
+        async with lc_client.session(agent="cleanup") as s:
+            return s, await agent.ainvoke(ASK)
+
+    with caplog.at_level(logging.INFO, logger="undolog"):
+        s, result = asyncio.run(run())
+    person.thread.join(10)
+
+    assert tool_messages(result["messages"]) == [EDITED]
+    assert_ran_edited(s.id, caplog)
+
+
+def test_a_resumed_graph_runs_the_args_a_reviewer_edited_while_it_was_paused(acme, server, lc_client, caplog):
+    model = delete_102()
+    agent = create_agent(model, lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "cleanup-edit"}}
+
+    with thread_session(lc_client, agent, config, agent="cleanup") as run:
+        agent.invoke(ASK, run.config)
+    assert run.interrupted and RAN == []
+    person = Person(server, token_of(acme.reviewer))
+    [request] = person.pending()
+    person.approve_edited(request, {"account_id": "acct-103"})
+    resume = run.wait_for_decisions(timeout=15)
+
+    with caplog.at_level(logging.INFO, logger="undolog"), \
+            thread_session(lc_client, agent, config, agent="cleanup") as again:
+        done = agent.invoke(resume, again.config)
+
+    assert again.resumed and tool_messages(done["messages"]) == [EDITED]
+    assert_ran_edited(run.session.id, caplog)
     assert Session.objects.get(pk=run.session.id).state == "completed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from effects.models import Effect, Session
 from tests.receiver import Receiver
 from tests.sdk.agent_tools import RAN, did
 from tests.sdk.conftest import Person, reviewer, token_of
+from tests.sdk.test_edit_before_approve import edit_and_approve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -243,3 +245,59 @@ def test_parallel_held_calls_stop_the_run_and_each_is_decided_before_it_runs(acm
     assert sorted(RAN) == ["delete_account acct-101", "delete_account acct-102"]
     assert sorted(tool_outputs(model.seen[-1])) == ["deleted acct-101", "deleted acct-102"]
     assert result.final_output == "Deleted both." and s.state == "completed"
+
+
+# -- edit before approving: the tool runs the reviewer's args, and the model is told ------------
+
+EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
+          '{"account_id": "acct-103"}, not with the arguments you proposed.\ndeleted acct-103')
+
+
+def assert_ran_edited(session_id, caplog) -> None:
+    """The tool ran acct-103 (never the proposed acct-102); the effect keeps both."""
+    assert RAN == ["delete_account acct-103"]
+    effect = Effect.objects.get(session_id=session_id)
+    assert (effect.args, effect.approved_args, effect.state) == (
+        {"account_id": "acct-102"}, {"account_id": "acct-103"}, "committed")
+    assert effect.result == {"value": "deleted acct-103"}  # the tool's output; the note is the model's
+    assert any("edited before approving" in r.getMessage() and "acct-103" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)
+
+
+def test_a_function_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, oa_client, caplog):
+    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
+    model = ScriptedModel([("delete_account", {"account_id": "acct-102"})], "Deleted acct-103.")
+
+    async def run():
+        async with oa_client.session(agent="cleanup") as s:
+            await Runner.run(agent_with(model), "Delete acct-102")
+        return s
+
+    with caplog.at_level(logging.INFO, logger="undolog"):
+        s = asyncio.run(run())
+    person.thread.join(10)
+
+    assert tool_outputs(model.seen[-1]) == [EDITED]
+    assert_ran_edited(s.id, caplog)
+
+
+def test_an_interrupted_run_resumes_with_the_args_a_reviewer_edited(acme, server, oa_client, caplog):
+    model = ScriptedModel([("delete_account", {"account_id": "acct-102"})], "Deleted acct-103.")
+    agent = agent_with(model, HITL_TOOLS)
+    person = Person(server, token_of(acme.reviewer))
+
+    async def run():
+        async with oa_client.session(agent="cleanup") as s:
+            result = await Runner.run(agent, "Delete acct-102")
+            assert [i.name for i in result.interruptions] == ["delete_account"] and RAN == []
+            [request] = await asyncio.to_thread(person.pending)
+            await asyncio.to_thread(person.approve_edited, request, {"account_id": "acct-103"})
+            result = await Runner.run(agent, await decisions(result, timeout=15))
+        return s, result
+
+    with caplog.at_level(logging.INFO, logger="undolog"):
+        s, result = asyncio.run(run())
+
+    assert result.final_output == "Deleted acct-103." and s.state == "completed"
+    assert tool_outputs(model.seen[-1]) == [EDITED]
+    assert_ran_edited(s.id, caplog)

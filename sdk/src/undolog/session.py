@@ -515,13 +515,22 @@ def _run_for(effect: Mapping[str, Any]) -> _Run:
     """RUN, or RUN with the args a reviewer edited before approving (said in the log, so the
     person reading the agent's output knows the tool did not run with what the model asked).
     """
-    edited = effect.get("approved_args")
-    if not isinstance(edited, dict) or edited == effect.get("args"):
+    edited = edited_args(effect)
+    if edited is None:
         return RUN
     log.info("%s runs with the args a reviewer edited before approving (effect %s): "
              "%s instead of %s", effect.get("tool"), effect.get("id"), _short(edited),
              _short(effect.get("args")))
     return _Run(edited)
+
+
+def edited_args(effect: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The args a reviewer edited before approving, which the call runs with (None: the
+    caller's own args, approved as proposed or never edited)."""
+    edited = effect.get("approved_args")
+    if not isinstance(edited, dict) or edited == effect.get("args"):
+        return None
+    return edited
 
 
 def _short(value: Any, limit: int = 300) -> str:

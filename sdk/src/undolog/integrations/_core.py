@@ -1,8 +1,9 @@
 """What every adapter shares: declaring a framework's tool, and running one call of it
 through the current session with the SDK's own tier paths.
 
-A framework hands us a tool name, its arguments as a dict and a way to run it (a
-callback); ``@undolog_tool`` wraps a Python function instead. Both end in the same
+A framework hands us a tool name, its arguments as a dict and a way to run it with given
+args (a callback: it gets the model's args, or the ones a reviewer edited before approving);
+``@undolog_tool`` wraps a Python function instead. Both end in the same
 ``Session`` flows, so SAFE, replay, budget and approval behave exactly as documented in
 sdk/README.md. This is the one module that reaches into ``Session``'s private flow
 methods: if they change, only this file follows.
@@ -12,22 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._context import CURRENT
 from .._http import Call
 from ..client import UndoLogClient
 from ..decorator import DeclaredTool, declared_tool, undolog_tool
 from ..errors import ApprovalWaitTimeout
-from ..session import Flow, Session
+from ..session import Flow, Session, edited_args
 from ..tiers import ToolSpec, ToolTier
 
-__all__ = ["Declaration", "acall", "call", "declare", "options_for", "wait_for_decision"]
+__all__ = ["Declaration", "Outcome", "Run", "acall", "call", "declare", "edited_note",
+           "options_for", "wait_for_decision"]
 
 #: What a caller may say about a tool: a tier (``"safe"``, ``ToolTier.COMPENSABLE``) or the
 #: keyword arguments of ``@undolog_tool`` (``{"tier": ..., "compensation": ..., ...}``).
@@ -88,57 +91,77 @@ def declare(name: str, parameters: Iterable[str] | None, description: str,
     return tool
 
 
-def _unedited(tool: DeclaredTool, run: Callable[[], Any]) -> Callable[..., Any]:
-    """A framework's run closes over the model's args and cannot take others: a call a reviewer
-    edited before approving fails (and is reported failed) rather than running the unedited args."""
-
-    def guarded(edited: dict[str, Any] | None = None) -> Any:
-        if edited is not None:
-            raise RuntimeError(f"{tool.name}: a reviewer approved edited args, which this "
-                               "framework adapter cannot pass to the tool; the call was not run")
-        return run()
-
-    return guarded
+#: How an adapter runs its framework's tool: called with the args to run it with, the
+#: model's or (approved_args) the ones a reviewer edited before approving.
+Run = Callable[[dict[str, Any]], Any]
 
 
-def call(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
-         on_hold: OnHold | None = None) -> Any:
-    """One call of ``tool`` in the current session (outside one: ``run()``)."""
+class Outcome(NamedTuple):
+    """A call's result, and ``edited``: the reviewer's args it ran with (or, replayed, was
+    committed with) instead of the model's; None when the model's own args were used."""
+
+    result: Any
+    edited: dict[str, Any] | None = None
+
+
+def edited_note(edited: Mapping[str, Any]) -> str:
+    """What the model reads before the output of a call a reviewer edited: without it the
+    model would take the output for the outcome of the args it proposed."""
+    shown = json.dumps(edited, ensure_ascii=False, default=str)
+    return (f"Note: a reviewer edited this call's arguments before approving it; it ran with "
+            f"{shown}, not with the arguments you proposed.")
+
+
+def call(tool: DeclaredTool, args: dict[str, Any], run: Run,
+         on_hold: OnHold | None = None) -> Outcome:
+    """One call of ``tool`` in the current session (outside one: ``run(args)``)."""
     session = CURRENT.get()
     if session is None:
-        return run()
+        return Outcome(run(args))
     if tool.safe:
         session._record_safe(tool.name, args)
-        return run()
-    run = _unedited(tool, run)
+        return Outcome(run(args))
+    seen: dict[str, Any] = {}
+    flow = _flow(session, tool, args, on_hold, seen)
     if _HOLDING.get() is session:  # a tool calling a tool: it already has the turn
-        return session._drive(_flow(session, tool, args, on_hold), run)
+        return _outcome(session._drive(flow, _with(run, args)), seen)
     with _lock_of(session):
         token = _HOLDING.set(session)
         try:
-            return session._drive(_flow(session, tool, args, on_hold), run)
+            return _outcome(session._drive(flow, _with(run, args)), seen)
         finally:
             _HOLDING.reset(token)
 
 
-async def acall(tool: DeclaredTool, args: dict[str, Any], run: Callable[[], Awaitable[Any]],
-                on_hold: OnHold | None = None) -> Any:
-    """Async twin of ``call``: ``run`` returns an awaitable."""
+async def acall(tool: DeclaredTool, args: dict[str, Any],
+                run: Callable[[dict[str, Any]], Awaitable[Any]],
+                on_hold: OnHold | None = None) -> Outcome:
+    """Async twin of ``call``: ``run(args)`` returns an awaitable."""
     session = CURRENT.get()
     if session is None:
-        return await run()
+        return Outcome(await run(args))
     if tool.safe:
         session._record_safe(tool.name, args)
-        return await run()
-    run = _unedited(tool, run)
+        return Outcome(await run(args))
+    seen: dict[str, Any] = {}
+    flow = _flow(session, tool, args, on_hold, seen)
     if _HOLDING.get() is session:
-        return await session._adrive(_flow(session, tool, args, on_hold), run)
+        return _outcome(await session._adrive(flow, _with(run, args)), seen)
     async with _alock_of(session):
         token = _HOLDING.set(session)
         try:
-            return await session._adrive(_flow(session, tool, args, on_hold), run)
+            return _outcome(await session._adrive(flow, _with(run, args)), seen)
         finally:
             _HOLDING.reset(token)
+
+
+def _with(run: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Callable[..., Any]:
+    """The session's run instruction (``edited``: the reviewer's args) as the adapter's run."""
+    return lambda edited=None: run(args if edited is None else edited)
+
+
+def _outcome(result: Any, seen: Mapping[str, Any]) -> Outcome:
+    return Outcome(result, edited_args(seen.get("effect") or {}))
 
 
 # Frameworks run a model's parallel tool calls at once (LangGraph's ToolNode on threads or
@@ -171,14 +194,14 @@ def _alock_of(session: Session) -> asyncio.Lock:
 
 
 def _flow(session: Session, tool: DeclaredTool, args: dict[str, Any],
-          on_hold: OnHold | None) -> Flow:
-    flow = session._effect_flow(tool, args)
-    return flow if on_hold is None else _holding(flow, on_hold)
+          on_hold: OnHold | None, seen: dict[str, Any]) -> Flow:
+    return _watching(session._effect_flow(tool, args), on_hold, seen)
 
 
-def _holding(flow: Flow, on_hold: OnHold) -> Flow:
-    """Pass ``flow``'s I/O through, calling ``on_hold`` before it long-polls a pending
-    effect, i.e. before it starts waiting for a reviewer."""
+def _watching(flow: Flow, on_hold: OnHold | None, seen: dict[str, Any]) -> Flow:
+    """Pass ``flow``'s I/O through, keeping the last effect the server answered in
+    ``seen["effect"]`` (a replayed call's approved_args are only there) and calling
+    ``on_hold`` before it long-polls a pending effect, i.e. before it waits for a reviewer."""
     value: Any = None
     error: BaseException | None = None
     last: Mapping[str, Any] = {}
@@ -188,18 +211,19 @@ def _holding(flow: Flow, on_hold: OnHold) -> Flow:
         except StopIteration as stop:
             return stop.value
         value, error = None, None
-        if (isinstance(op, Call) and op.method == "GET" and op.params and "wait" in op.params
-                and (last.get("effect") or {}).get("state") == "pending"):
+        if (on_hold is not None and isinstance(op, Call) and op.method == "GET" and op.params
+                and "wait" in op.params and (last.get("effect") or {}).get("state") == "pending"):
             on_hold(last)
         try:
             value = yield op
         except Exception as exc:
             error = exc
         else:
-            if isinstance(value, Mapping) and "effect" in value:
+            if isinstance(value, Mapping) and isinstance(value.get("effect"), Mapping):
                 # A poll's answer may leave out the approval the intercept announced.
                 last = {"effect": value["effect"],
                         "approval": value.get("approval") or last.get("approval") or {}}
+                seen["effect"] = value["effect"]
 
 
 def wait_for_decision(client: UndoLogClient | Session, effect_id: str,

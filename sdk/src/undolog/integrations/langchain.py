@@ -17,13 +17,16 @@ Three ways in, one behaviour (sdk/README.md, "LangChain and LangGraph"):
 
 A refused call (budget, rejection, expiry, a suspended agent) is not an exception here:
 the model reads ``refusal_as_tool_result``'s text as the tool's output, and can plan
-around it. An IRREVERSIBLE call waiting for a reviewer uses LangGraph's ``interrupt()``
-when the graph has a checkpointer (``ThreadRun.wait_for_decisions()`` then gives the
-``Command`` that resumes it) and blocks otherwise.
+around it. A call a reviewer edited before approving runs with the edited args, and its
+ToolMessage starts with a note saying so. An IRREVERSIBLE call waiting for a reviewer uses
+LangGraph's ``interrupt()`` when the graph has a checkpointer
+(``ThreadRun.wait_for_decisions()`` then gives the ``Command`` that resumes it) and blocks
+otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -134,27 +137,36 @@ class UndologTool(BaseTool):
     def _model_args(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k in self.model_args}
 
+    def _input(self, kwargs: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner tool's input: ``args`` (the model's, or a reviewer's edit, which the
+        inner tool's schema validates) plus what the framework injected (ToolRuntime...)."""
+        return {**{k: v for k, v in kwargs.items() if k not in self.model_args}, **args}
+
     def _run(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
              **kwargs: Any) -> Any:
         child = _child_config(config, run_manager)
         try:
-            return _call(self.declared, self._model_args(kwargs),
-                         lambda: self.inner.invoke(kwargs, child), self.hold)
+            outcome = _call(self.declared, self._model_args(kwargs),
+                            lambda use: self.inner.invoke(self._input(kwargs, use), child),
+                            self.hold)
         except Refused as exc:
             return _refusal_text(exc)
+        return _noted(outcome.result, outcome.edited)
 
     async def _arun(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
                     **kwargs: Any) -> Any:
         child = _child_config(config, run_manager)
         try:
-            return await _acall(self.declared, self._model_args(kwargs),
-                                lambda: self.inner.ainvoke(kwargs, child), self.hold)
+            outcome = await _acall(self.declared, self._model_args(kwargs),
+                                   lambda use: self.inner.ainvoke(self._input(kwargs, use), child),
+                                   self.hold)
         except Refused as exc:
             return _refusal_text(exc)
+        return _noted(outcome.result, outcome.edited)
 
 
-def _call(declared: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
-          hold: str) -> Any:
+def _call(declared: DeclaredTool, args: dict[str, Any], run: _core.Run,
+          hold: str) -> _core.Outcome:
     refused = _decided_refusal(declared.name, args)
     if refused is not None:
         raise refused
@@ -168,7 +180,7 @@ def _call(declared: DeclaredTool, args: dict[str, Any], run: Callable[[], Any],
 
 
 async def _acall(declared: DeclaredTool, args: dict[str, Any],
-                 run: Callable[[], Awaitable[Any]], hold: str) -> Any:
+                 run: Callable[[dict[str, Any]], Awaitable[Any]], hold: str) -> _core.Outcome:
     refused = _decided_refusal(declared.name, args)
     if refused is not None:
         raise refused
@@ -284,33 +296,36 @@ class UndologMiddleware(AgentMiddleware):
             return handler(request)
         call = request.tool_call
         declared = self._tool_for(call["name"], request.tool)
-        ran: list[Any] = []
+        args = dict(call.get("args") or {})
+        ran: dict[str, Any] = {}
         try:
-            result = _call(declared, dict(call.get("args") or {}),
-                           lambda: _content(handler(request), ran), self.hold)
+            outcome = _call(declared, args,
+                            lambda use: _content(handler(_with_args(request, args, use)), ran, use),
+                            self.hold)
         except Refused as exc:
             return self._refused(call, exc, declared.name)
         except _ToolFailed:
-            return ran[0]
-        return ran[0] if ran else _message(call, result, declared.name)
+            return _ran(ran, args)
+        return _ran(ran, args) if ran else _replayed(call, outcome, declared.name)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         if isinstance(request.tool, UndologTool):
             return await handler(request)
         call = request.tool_call
         declared = self._tool_for(call["name"], request.tool)
-        ran: list[Any] = []
+        args = dict(call.get("args") or {})
+        ran: dict[str, Any] = {}
 
-        async def run() -> Any:
-            return _content(await handler(request), ran)
+        async def run(use: dict[str, Any]) -> Any:
+            return _content(await handler(_with_args(request, args, use)), ran, use)
 
         try:
-            result = await _acall(declared, dict(call.get("args") or {}), run, self.hold)
+            outcome = await _acall(declared, args, run, self.hold)
         except Refused as exc:
             return self._refused(call, exc, declared.name)
         except _ToolFailed:
-            return ran[0]
-        return ran[0] if ran else _message(call, result, declared.name)
+            return _ran(ran, args)
+        return _ran(ran, args) if ran else _replayed(call, outcome, declared.name)
 
     def _refused(self, call: Mapping[str, Any], exc: Refused, name: str) -> ToolMessage:
         if self.on_refused is not None:
@@ -318,9 +333,45 @@ class UndologMiddleware(AgentMiddleware):
         return _message(call, _refusal_text(exc), name)
 
 
-def _content(outcome: Any, ran: list[Any]) -> Any:
-    """What is committed for a tool call the framework ran: the ToolMessage's content."""
-    ran.append(outcome)
+def _with_args(request: Any, args: dict[str, Any], use: dict[str, Any]) -> Any:
+    """The request as the framework handed it, or one whose tool call carries the args a
+    reviewer edited before approving (the ToolNode validates and injects into those)."""
+    if use == args:
+        return request
+    return request.override(tool_call={**request.tool_call, "args": use})
+
+
+def _ran(ran: Mapping[str, Any], args: dict[str, Any]) -> Any:
+    """The ToolMessage of the call the framework ran, saying so if it ran edited args."""
+    message, used = ran["message"], ran["args"]
+    if used == args:
+        return message
+    return message.model_copy(update={"content": _noted(message.content, used)})
+
+
+def _replayed(call: Mapping[str, Any], outcome: _core.Outcome, name: str) -> ToolMessage:
+    return _message(call, _noted(outcome.result, outcome.edited), name)
+
+
+def _noted(content: Any, edited: Mapping[str, Any] | None) -> Any:
+    """``content`` for the model, led by the note that a reviewer's edited args ran."""
+    if edited is None:
+        return content
+    note = _core.edited_note(edited)
+    if isinstance(content, list):  # content blocks
+        return [{"type": "text", "text": note}, *content]
+    if not isinstance(content, str):
+        try:
+            content = json.dumps(content, ensure_ascii=False)
+        except (TypeError, ValueError):
+            content = str(content)
+    return f"{note}\n{content}"
+
+
+def _content(outcome: Any, ran: dict[str, Any], used: dict[str, Any]) -> Any:
+    """What is committed for a tool call the framework ran (with ``used``): the ToolMessage's
+    content."""
+    ran.update(message=outcome, args=used)
     if not isinstance(outcome, ToolMessage):
         raise TypeError("undolog records a tool's ToolMessage; tools returning a Command "
                         "are not supported")

@@ -18,6 +18,8 @@ the name, description, JSON schema and failure policy, and carry ``undolog_spec`
   stops with ``result.interruptions``; ``await decisions(result)`` waits for the undolog
   reviewer and gives the ``RunState`` (approved or rejected with the reviewer's reason as
   the model's message) to pass to ``Runner.run(agent, state)``, in the same session.
+- A call a reviewer edited before approving runs with the edited args (the tool gets them
+  as its JSON); its output starts with ``_core.edited_note``'s text, so the model knows.
 - A tool that raises reports its effect failed; then the tool's ``failure_error_function``
   decides as usual: by default the model reads the error, with
   ``failure_error_function=None`` the exception ends the run, which fails the session
@@ -31,7 +33,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agents import FunctionTool, RunResult, RunState
+from agents import (
+    FunctionTool,
+    RunResult,
+    RunState,
+    ToolOutputFileContent,
+    ToolOutputImage,
+    ToolOutputText,
+)
 from agents.tool import with_function_tool_failure_error_handler
 
 from .._context import CURRENT
@@ -56,6 +65,8 @@ _HOLD_MODES = ("await", "interrupt")
 # needs_approval (which intercepts it) and the tool's invocation or decisions().
 _HELD: dict[str, dict[str, Any]] = {}
 _REFUSED: dict[str, Refused] = {}
+
+_STRUCTURED = (ToolOutputText, ToolOutputImage, ToolOutputFileContent)
 
 
 def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *,
@@ -89,9 +100,12 @@ def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *
         try:
             if refused is not None:
                 raise refused
-            return await _core.acall(declared, args, lambda: inner(ctx, input_json))
+            outcome = await _core.acall(
+                declared, args,
+                lambda use: inner(ctx, input_json if use == args else json.dumps(use)))
         except Refused as exc:
             return refusal_as_tool_result(exc)
+        return _noted(tool, outcome)
 
     changes: dict[str, Any] = {
         "on_invoke_tool": with_function_tool_failure_error_handler(invoke, _handled)}
@@ -100,6 +114,25 @@ def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *
     wrapped = dataclasses.replace(tool, **changes)
     wrapped.undolog_spec = declared.spec  # type: ignore[attr-defined]
     return wrapped
+
+
+def _noted(tool: FunctionTool, outcome: _core.Outcome) -> Any:
+    """The tool's output for the model, led by the note that a reviewer's edited args ran.
+
+    A tool with a declared output schema keeps its output as is: the SDK validates it
+    against that schema, which a note would break.
+    """
+    output, edited = outcome
+    if edited is None or tool.output_json_schema is not None:
+        return output
+    note = _core.edited_note(edited)
+    if isinstance(output, str):
+        return f"{note}\n{output}"
+    items = list(output) if isinstance(output, (list, tuple)) else [output]
+    if items and all(isinstance(i, _STRUCTURED) or (isinstance(i, dict) and "type" in i)
+                     for i in items):
+        return [ToolOutputText(text=note), *items]  # text, images, files: the note comes first
+    return f"{note}\n{output}"
 
 
 def _needs_approval(declared: DeclaredTool) -> Any:
