@@ -8,6 +8,16 @@ Two uses:
   with an exact `Retry-After`. Every limiter of a request is checked and charged by one Lua
   script (one round trip), and only if all admit it: a request refused by the org's limit does
   not use up its key's. The script reads Redis' clock, so nodes with skewed clocks agree.
+
+  A round trip per request was the largest single cost of the intercept's fast path (~0.3 ms of
+  CPU and 0.5 ms of wall time of a ~2 ms request), so a process leases tokens: the script
+  charges a batch to the cell at once, and the process spends it locally for at most
+  `UNDOLOG_RATE_LIMIT_LEASE_MS`. A batch starts at one token and doubles each time it is used
+  up within its lease (up to a lease's worth of the limit's rate), so a slow caller still pays
+  one round trip per request and is charged exactly; tokens left when a lease ends are given
+  back to the cell on the process's next round trip. Every token is charged in Redis before it
+  admits a request, so the limit is never exceeded across nodes; what leasing costs is that a
+  process may hold a few tokens another process then misses for up to one lease.
 - `failures(...)`, `fail(...)`, `forget(...)`: fixed-window counters of failed sign-ins
   (orgs/login.py), read with one MGET and bumped with one pipeline.
 
@@ -32,29 +42,37 @@ from undolog_site.errors import DomainError
 
 log = logging.getLogger(__name__)
 
-# KEYS: one per limiter. ARGV: per limiter, its limit and its window in microseconds.
-# Returns {0, 0} when every limiter admits (and charges them all), else {i, wait_us} for the
-# first limiter i (1-based) that refuses, charging none.
+# KEYS: one per limiter. ARGV: per limiter, its limit, its window in microseconds, the tokens
+# wanted (0: this limiter still has some in the process; only its refund applies) and the tokens
+# given back (a lease's leftovers). Returns {0, granted_1, granted_2, ...} when every limiter that
+# wants tokens can give at least one (each gives up to what it was asked, all charged at once),
+# else {i, wait_us} for the first limiter i (1-based) that cannot, charging none.
 _GCRA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tats = {}
+local tats, granted = {}, {0}
 for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[2 * i - 1])
-  local window = tonumber(ARGV[2 * i])
+  local limit = tonumber(ARGV[4 * i - 3])
+  local window = tonumber(ARGV[4 * i - 2])
+  local want = tonumber(ARGV[4 * i - 1])
+  local refund = tonumber(ARGV[4 * i])
   local interval = math.floor(window / limit)
-  local tat = tonumber(redis.call('GET', key) or now)
+  local tat = tonumber(redis.call('GET', key) or now) - refund * interval
   if tat < now then tat = now end
-  local next_tat = tat + interval
-  if next_tat - window > now then
-    return {i, next_tat - window - now}
+  local grant = want
+  if want > 0 and interval > 0 then
+    grant = math.min(want, math.floor((now + window - tat) / interval))
+    if grant < 1 then
+      return {i, tat + interval - window - now}
+    end
   end
-  tats[i] = next_tat
+  tats[i] = tat + grant * interval
+  granted[i + 1] = grant
 end
 for i, key in ipairs(KEYS) do
   redis.call('SET', key, string.format('%.0f', tats[i]), 'PX', math.ceil((tats[i] - now) / 1000) + 1000)
 end
-return {0, 0}
+return granted
 """
 
 
@@ -91,6 +109,38 @@ class RateLimited(DomainError):
         self.headers = {"Retry-After": str(retry_after_s)}
 
 
+@dataclass
+class _Lease:
+    """Tokens of one limiter this process holds until `until` (monotonic), and the next batch."""
+
+    tokens: int = 0
+    until: float = 0.0
+    batch: int = 1
+
+    def live(self, now: float) -> bool:
+        return self.tokens > 0 and self.until > now
+
+    def renew(self, limit: Limit, now: float) -> tuple[int, int]:
+        """(tokens to ask for, tokens to give back), adapting the batch: doubled when the last
+        one was used up within its lease, shrunk by what was left when it ran out of time."""
+        ceiling = max(1, min(_MAX_BATCH, int(limit.max_requests * _lease_s() / limit.window_s)))
+        if self.tokens:  # the lease ran out with tokens left: the caller is slower than the batch
+            self.batch = max(1, self.batch - self.tokens)
+        elif self.until > now:
+            self.batch = min(ceiling, self.batch * 2)
+        self.batch = min(self.batch, ceiling)
+        refund, self.tokens = self.tokens, 0
+        return self.batch, refund
+
+
+_MAX_BATCH = 256
+_MAX_LEASES = 10_000
+
+
+def _lease_s() -> float:
+    return settings.UNDOLOG_RATE_LIMIT_LEASE_MS / 1000
+
+
 class _Redis:
     """One client per process, and the fail-open backoff after an error."""
 
@@ -99,6 +149,9 @@ class _Redis:
         self._script: Any = None
         self._down_until = 0.0
         self._lock = threading.Lock()
+        self.leases: dict[str, _Lease] = {}
+        self.leases_lock = threading.Lock()
+        self.round_trips = 0
 
     def client(self) -> redis.Redis | None:
         if time.monotonic() < self._down_until:
@@ -127,21 +180,40 @@ def enabled() -> bool:
 
 
 def check(limits: Sequence[Limit]) -> None:
-    """Charge one request to every limit, or raise `RateLimited` (charging none). Fails open."""
+    """Charge one request to every limit, or raise `RateLimited` (charging none). Fails open.
+    A round trip only when a limit's leased tokens are used up or their lease has ended."""
     limits = [limit for limit in limits if limit.max_requests]
-    client = _redis.client() if limits else None
-    if client is None:
+    if not limits:
         return
-    args: list[int] = []
-    for limit in limits:
-        args += [limit.max_requests, limit.window_s * 1_000_000]
-    try:
-        refused, wait_us = _redis._script(keys=[limit.redis_key for limit in limits], args=args, client=client)
-    except redis.RedisError as exc:
-        _redis.failed(exc)
-        return
-    if refused:
-        raise RateLimited(limits[int(refused) - 1], max(1, -(-int(wait_us) // 1_000_000)))
+    now = time.monotonic()
+    with _redis.leases_lock:
+        if len(_redis.leases) > _MAX_LEASES:  # one per key and org seen: drop the idle ones
+            _redis.leases = {name: lease for name, lease in _redis.leases.items() if lease.until > now}
+        leases = [_redis.leases.setdefault(limit.redis_key, _Lease()) for limit in limits]
+        if all(lease.live(now) for lease in leases):
+            for lease in leases:
+                lease.tokens -= 1
+            return
+        client = _redis.client()
+        if client is None:
+            return
+        args: list[int] = []
+        for limit, lease in zip(limits, leases, strict=True):
+            want, refund = (0, 0) if lease.live(now) else lease.renew(limit, now)
+            args += [limit.max_requests, limit.window_s * 1_000_000, want, refund]
+        try:
+            _redis.round_trips += 1
+            answer = _redis._script(keys=[limit.redis_key for limit in limits], args=args, client=client)
+        except redis.RedisError as exc:
+            _redis.failed(exc)
+            return
+        if answer[0]:
+            raise RateLimited(limits[int(answer[0]) - 1], max(1, -(-int(answer[1]) // 1_000_000)))
+        until = now + _lease_s()
+        for lease, granted in zip(leases, answer[1:], strict=True):
+            if granted:
+                lease.tokens, lease.until = int(granted), until
+            lease.tokens -= 1
 
 
 def api_limits(org_id: Any, subject: str, per_key: int | None, per_org: int | None) -> list[Limit]:

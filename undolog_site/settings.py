@@ -316,6 +316,8 @@ UNDOLOG_RATE_LIMIT_PER_ORG = envint("UNDOLOG_RATE_LIMIT_PER_ORG", "6000")
 # for this many seconds (fail open: the API keeps working on PostgreSQL alone).
 UNDOLOG_RATE_LIMIT_TIMEOUT_MS = envint("UNDOLOG_RATE_LIMIT_TIMEOUT_MS", "250")
 UNDOLOG_RATE_LIMIT_BACKOFF_S = envint("UNDOLOG_RATE_LIMIT_BACKOFF_S", "5")
+# How long a process may spend tokens it leased from Redis before giving the rest back (core/ratelimit.py).
+UNDOLOG_RATE_LIMIT_LEASE_MS = envint("UNDOLOG_RATE_LIMIT_LEASE_MS", "250")
 # Sign-in throttling (orgs/login.py): failed sign-ins per account and per address in a window.
 UNDOLOG_LOGIN_FAILURES_PER_ACCOUNT = envint("UNDOLOG_LOGIN_FAILURES_PER_ACCOUNT", "5")
 UNDOLOG_LOGIN_FAILURES_PER_ADDRESS = envint("UNDOLOG_LOGIN_FAILURES_PER_ADDRESS", "30")
