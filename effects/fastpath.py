@@ -24,23 +24,22 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import psycopg
 from django.core.exceptions import RequestDataTooBig
 from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from psycopg.types.json import Jsonb
-from rest_framework.exceptions import ParseError
-from rest_framework.renderers import JSONRenderer
 
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
@@ -50,11 +49,14 @@ from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, sha256
 from orgs.models import AgentKey, Organization, RememberedKey
 from undolog_site.errors import DomainError
-from undolog_site.parsers import DepthLimitedJSONParser
+from undolog_site.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 
 _CONFIGS: dict[uuid.UUID, OrgConfig] = {}
-_RENDERER = JSONRenderer()
-_PARSER = DepthLimitedJSONParser()
+
+
+def _jsonb(value: Any) -> Jsonb:
+    """A jsonb parameter dumped by orjson rather than the standard library (~5x faster)."""
+    return Jsonb(value, dumps=orjson.dumps)
 
 
 @dataclass
@@ -122,18 +124,28 @@ def _remembered_key(request) -> RememberedKey | None:
 
 
 def _json_body(request) -> Any:
-    """The body through the API's own parser (its nesting and NUL rules); None when the slow
-    path must answer (not JSON, too large, too deep, NUL: it says which, with its 400)."""
+    """The body, parsed by orjson (~10x DRF's parser), under the API parser's nesting and NUL
+    rules; None when the slow path must answer. orjson refuses a little more than DRF's parser
+    (integers past 64 bits, lone surrogates): those too go to the slow path, which decides as
+    always, so the fast path never answers differently, it only answers less."""
     if request.content_type != "application/json":
         return None
     try:
-        return _PARSER.parse(io.BytesIO(request.body))
-    except (DomainError, ParseError, RequestDataTooBig):
+        raw = request.body
+        data = orjson.loads(raw)
+    except (orjson.JSONDecodeError, RequestDataTooBig):
         return None
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth_exceeds(data):
+        return None
+    if b"\\u0000" in raw and has_nul(data):
+        return None
+    return data
 
 
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
-    response = HttpResponse(_RENDERER.render(body), status=status, content_type="application/json")
+    # orjson writes what DRF's renderer writes for these bodies (compact UTF-8; every value is
+    # already a str, number, bool, None or the caller's own JSON), ~5x faster.
+    response = HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
     response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients
     return response
 
@@ -148,14 +160,31 @@ def _insert(model: type, param: str, source: str) -> str:
     return f"INSERT INTO {table} SELECT (jsonb_populate_record(NULL::{table}, %({param})s)).* FROM {source} RETURNING 1"
 
 
-def _row(instance: Any) -> Jsonb:
-    """The instance as its table's row, in JSON (what `_insert` takes)."""
-    row = {}
-    for f in instance._meta.concrete_fields:
-        value = f.pre_save(instance, True)
+class _Shape:
+    """A model's row for `_insert`, made from values without a model instance (building one took
+    ~0.1 ms of the intercept's ~1.2). The other fields' defaults are read once, callable ones
+    called per row, so a column added with a default needs no change here; auto_now fields
+    are the caller's to give. `values()` is by attribute name, which `as_dict` and `announce`
+    read off a `SimpleNamespace` of them exactly as off an instance."""
+
+    def __init__(self, model: type) -> None:
+        fields = model._meta.concrete_fields
+        self.fixed = {f.attname: f.get_default() for f in fields if not (f.has_default() and callable(f.default))}
+        self.fresh = [(f.attname, f.default) for f in fields if f.has_default() and callable(f.default)]
+        self.columns = {f.attname: f.column for f in fields}
+
+    def values(self, given: dict[str, Any]) -> dict[str, Any]:
+        values = {**self.fixed, **{name: make() for name, make in self.fresh if name not in given}, **given}
+        values["pk"] = values["id"]
+        return values
+
+    def row(self, values: dict[str, Any]) -> Jsonb:
         # PostgreSQL reads these from their text form; JSON fields stay JSON.
-        row[f.column] = str(value) if isinstance(value, (uuid.UUID, datetime, Decimal)) else value
-    return Jsonb(row)
+        return _jsonb({column: str(value) if isinstance(value, (uuid.UUID, datetime, Decimal)) else value
+                      for name, column in self.columns.items() for value in (values[name],)})
+
+
+_EFFECT, _ENTRY = _Shape(Effect), _Shape(UndoEntry)
 
 
 def _live(key: str) -> str:
@@ -309,9 +338,10 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
            session: uuid.UUID, caps: tuple[str, ...]) -> HttpResponse | None:
     now = timezone.now()
     signature = pipeline.signature_of(session, call)
-    effect = pipeline.new_effect(key.org_id, session, tool, call, signature)
-    entry = pipeline.new_undo_entry(tool, effect)
-    effect.created = effect.updated = entry.created = entry.updated = now
+    effect = _EFFECT.values({**pipeline.effect_values(key.org_id, session, tool, call, signature),
+                             "created": now, "updated": now})
+    entry = _ENTRY.values({**pipeline.undo_entry_values(tool, effect), "effect_id": effect["id"],
+                           "created": now, "updated": now})
     safe = {c.step_index: c for c in call.safe_calls}  # a step reported twice counts once (the pipeline's rule)
     charge = Charge()
     for reported in safe.values():
@@ -320,22 +350,25 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
     charge.add(tool.name, tool)
     sql = _intercept_sql(caps, bool(safe))
     params = {"calls": charge.calls, "irreversible": charge.irreversible, "cost": charge.cost,
-              "counts": Jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
+              "counts": _jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
               "step": max(call.step_index, *safe) if safe else call.step_index, "now": now, "session": session,
               "agent": key.agent_id, "version": config.version, "key": key.id, "signature": signature,
               "org": key.org_id, "cap_calls": limits.values["max_tool_calls_per_run"],
               "cap_irreversible": limits.values["max_irreversible_per_run"],
               "cap_cost": limits.values["max_cost_per_run"], "cap_tool": limits.tool_caps.get(tool.name),
-              "safe": Jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
+              "safe": _jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
               "safe_steps": list(safe),
-              "effect": _row(effect), "entry": _row(entry)}
+              "effect": _EFFECT.row(effect), "entry": _ENTRY.row(entry)}
     row = execute(sql, params)
     if row is None:
         return None
     pushed, version, *existing = row
     if pushed:
-        effect.announce(None, Effect.State.EXECUTING)
-        return _respond(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
+        made, pushed_entry = SimpleNamespace(**effect), SimpleNamespace(**entry)
+        announce(made, "effect", None, Effect.State.EXECUTING, name=tool.name, session_id=session,
+                 org_id=key.org_id, step_index=call.step_index)
+        return _respond(201, {"decision": "execute", "effect": Effect.as_dict(made),
+                              "undo_entry": UndoEntry.as_dict(pushed_entry)})
     OrgConfig.forget(key.org_id, version)
     # A replay that reports SAFE calls may charge some: the pipeline does that bookkeeping.
     return None if safe else _replay(existing, call, session)
@@ -401,7 +434,7 @@ def commit(request, effect_id: str) -> HttpResponse | None:
     now = timezone.now()
     AgentKey.touch_remembered(key)
     row = execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
-                                 "result": Effect._meta.get_field("result").get_db_prep_save(result, connection),
+                                 "result": None if result is None else _jsonb(result),  # SQL NULL, as the ORM writes it
                                  "actor": f"agent:{key.agent_name}"})
     if row is None:
         return None  # not this agent's, not executing or approved, or gone: the viewset says which

@@ -373,26 +373,43 @@ def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
 
 
 def new_effect(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> Effect:
-    """The effect row of an admitted call, not yet saved (the pipeline and the fast path both insert it)."""
+    """The effect row of an admitted call, not yet saved."""
+    values = effect_values(org_id, session_id, tool, call, signature)
+    del values["tool_id"]
+    return Effect(tool=tool, **values)
+
+
+def effect_values(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> dict[str, Any]:
+    """What an admitted call's effect row holds beyond its defaults, by attribute name: the pipeline
+    makes an `Effect` of them, the fast path its row (no model instance: they cost it ~0.1 ms)."""
     initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
-    return Effect(
-        org_id=org_id, session_id=session_id, tool=tool, tool_name=tool.name, tier=tool.tier,
-        step_index=call.step_index, call_signature=signature, idempotency_key=call.idempotency_key,
-        args=call.args, args_digest=sha256(canonical_json(call.args)), reasoning=call.reasoning,
-        state=initial, undo_needs_result=tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
-    )
+    return {
+        "org_id": org_id, "session_id": session_id, "tool_id": tool.pk, "tool_name": tool.name, "tier": tool.tier,
+        "step_index": call.step_index, "call_signature": signature, "idempotency_key": call.idempotency_key,
+        "args": call.args, "args_digest": sha256(canonical_json(call.args)), "reasoning": call.reasoning,
+        "state": initial,
+        "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
+    }
 
 
 def new_undo_entry(tool: Tool, effect: Effect) -> UndoEntry:
     """The undo entry pushed before a compensable effect runs, not yet saved."""
+    values = undo_entry_values(tool, effect.__dict__)
+    del values["fn_id"]
+    return UndoEntry(effect=effect, fn=tool.compensation_fn, **values)
+
+
+def undo_entry_values(tool: Tool, effect: dict[str, Any]) -> dict[str, Any]:
+    """The undo entry's values (by attribute name) for the effect's values."""
     fn = tool.compensation_fn
     # A template that reads the result is kept on the entry and rendered when the effect commits.
-    template = tool.compensation_args if effect.undo_needs_result else None
-    return UndoEntry(
-        session_id=effect.session_id, effect=effect, step_index=effect.step_index, fn=fn, fn_name=fn.fn_name,
-        fn_version=fn.fn_version, args=render_template(tool.compensation_args, effect.args), args_template=template,
-        max_retries=tool.max_retries, retry_backoff_ms=tool.retry_backoff_ms,
-    )
+    template = tool.compensation_args if effect["undo_needs_result"] else None
+    return {
+        "session_id": effect["session_id"], "step_index": effect["step_index"], "fn_id": fn.pk,
+        "fn_name": fn.fn_name, "fn_version": fn.fn_version, "args": render_template(tool.compensation_args,
+                                                                                 effect["args"]),
+        "args_template": template, "max_retries": tool.max_retries, "retry_backoff_ms": tool.retry_backoff_ms,
+    }
 
 
 def agent_context(session: Session, call: Call, effect: Effect) -> dict[str, Any]:

@@ -53,3 +53,28 @@ def test_a_replay_takes_one_statement_on_postgresql_and_four_on_sqlite(acme, ses
     assert response.json()["decision"] == "replay"
     # key lookup, session lock, tools, signature lookup
     assert len(statements(queries)) == (1 if FAST else 4), statements(queries)
+
+
+def test_the_fast_path_answers_exactly_as_the_pipeline_does(acme, session_id):
+    """Same shapes, same values, whichever path answered (a key this process has not verified
+    yet takes the pipeline)."""
+    from orgs import models
+
+    args = {"to": "a@x.io", "nested": {"list": [1, 2.5, None, True, "é"]}}
+    models._REMEMBERED.clear()
+    slow = intercept(acme, session_id, "send_email", args, 1)
+    fast = intercept(acme, session_id, "send_email", {**args, "to": "b@x.io"}, 2)
+
+    assert (slow.get("X-Undolog-Path"), fast.get("X-Undolog-Path")) == (None, "fast" if FAST else None)
+    one, two = slow.json(), fast.json()
+    assert set(one) == set(two) and set(one["effect"]) == set(two["effect"])
+    assert set(one["undo_entry"]) == set(two["undo_entry"])
+    varying = {"id", "effect", "created", "updated", "call_signature", "step_index", "args"}
+    for name in ("effect", "undo_entry"):
+        assert {k: v for k, v in one[name].items() if k not in varying} == \
+               {k: v for k, v in two[name].items() if k not in varying}
+    assert two["effect"]["args"] == {**args, "to": "b@x.io"} and two["effect"]["state"] == "executing"
+    assert two["undo_entry"]["args"] == {**one["undo_entry"]["args"], "to": "b@x.io"}
+    assert two["undo_entry"]["effect"] == two["effect"]["id"]
+    committed = acme.api.post(f"/api/v1/effects/{two['effect']['id']}/commit", {"result": None}, format="json")
+    assert committed.status_code == 200 and committed.json()["effect"]["result"] is None
