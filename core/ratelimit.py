@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -85,7 +86,7 @@ class Limit:
     max_requests: int
     window_s: int = 60
 
-    @property
+    @cached_property
     def redis_key(self) -> str:
         # The limit is part of the name: a changed limit starts a fresh cell instead of inheriting
         # a theoretical arrival time computed at another rate.

@@ -28,7 +28,6 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import orjson
 import psycopg
 from django.core.exceptions import RequestDataTooBig
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -72,6 +71,7 @@ class OrgConfig:
     limits: dict[uuid.UUID, Limits] = field(default_factory=dict)
     rate_limit_per_key: int | None = None  # the org's own API rate limits (core/ratelimit.py)
     rate_limit_per_org: int | None = None
+    rate_limits: dict[str, list[ratelimit.Limit]] = field(default_factory=dict)  # by key prefix
 
     @classmethod
     def of(cls, org_id: uuid.UUID) -> OrgConfig | None:
@@ -92,9 +92,12 @@ class OrgConfig:
         if not ratelimit.enabled():
             return None
         request.undolog_rate_checked = True
+        limits = self.rate_limits.get(key.prefix)
+        if limits is None:
+            limits = self.rate_limits[key.prefix] = ratelimit.api_limits(
+                key.org_id, f"key:{key.prefix}", self.rate_limit_per_key, self.rate_limit_per_org)
         try:
-            ratelimit.check(ratelimit.api_limits(key.org_id, f"key:{key.prefix}", self.rate_limit_per_key,
-                                                 self.rate_limit_per_org))
+            ratelimit.check(limits)
         except ratelimit.RateLimited as exc:
             response = _respond(429, exc.body())
             response["Retry-After"] = exc.headers["Retry-After"]
@@ -171,7 +174,10 @@ class _Shape:
         fields = model._meta.concrete_fields
         self.fixed = {f.attname: f.get_default() for f in fields if not (f.has_default() and callable(f.default))}
         self.fresh = [(f.attname, f.default) for f in fields if f.has_default() and callable(f.default)]
-        self.columns = {f.attname: f.column for f in fields}
+        # PostgreSQL reads uuids, times and decimals from their text form; JSON fields stay JSON.
+        textual = (models.UUIDField, models.ForeignKey, models.DateTimeField, models.DecimalField)
+        self.as_text = [(f.attname, f.column) for f in fields if isinstance(f, textual)]
+        self.as_is = [(f.attname, f.column) for f in fields if not isinstance(f, textual)]
 
     def values(self, given: dict[str, Any]) -> dict[str, Any]:
         values = {**self.fixed, **{name: make() for name, make in self.fresh if name not in given}, **given}
@@ -179,9 +185,11 @@ class _Shape:
         return values
 
     def row(self, values: dict[str, Any]) -> Jsonb:
-        # PostgreSQL reads these from their text form; JSON fields stay JSON.
-        return _jsonb({column: str(value) if isinstance(value, (uuid.UUID, datetime, Decimal)) else value
-                      for name, column in self.columns.items() for value in (values[name],)})
+        row = {column: values[name] for name, column in self.as_is}
+        for name, column in self.as_text:
+            value = values[name]
+            row[column] = None if value is None else str(value)
+        return _jsonb(row)
 
 
 _EFFECT, _ENTRY = _Shape(Effect), _Shape(UndoEntry)
@@ -285,25 +293,26 @@ def execute(sql: str, params: dict[str, Any]) -> tuple | None:
     call: most of its cost otherwise), on its own in autocommit, or in a savepoint inside a caller's
     transaction (tests), so a unique violation leaves that transaction usable. Logged like every
     Django query, so query counts stay honest."""
+    db = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: each attribute is a lookup
     try:
-        if connection.in_atomic_block:
+        if db.in_atomic_block:
             with transaction.atomic():
-                return _prepared(sql, params)
-        return _prepared(sql, params)
+                return _prepared(db, sql, params)
+        return _prepared(db, sql, params)
     except (IntegrityError, psycopg.IntegrityError):
         return None  # a duplicate won the race on the signature: the pipeline replays it
 
 
-def _prepared(sql: str, params: dict[str, Any]) -> tuple | None:
-    connection.ensure_connection()
+def _prepared(db: Any, sql: str, params: dict[str, Any]) -> tuple | None:
+    db.ensure_connection()
     started = time.monotonic()
     try:
-        with psycopg.Cursor(connection.connection) as cursor:
+        with psycopg.Cursor(db.connection) as cursor:
             cursor.execute(sql, params, prepare=True)
             return cursor.fetchone()
     finally:
-        if connection.queries_logged:
-            connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+        if db.queries_logged:
+            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 # ---------------------------------------------------------------- intercept
