@@ -158,9 +158,12 @@ def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
 def _insert(model: type, param: str, source: str) -> str:
     """`INSERT … SELECT` of one row given as a JSON object of every column: one parameter and a
     short statement (psycopg caches the parsing of statements under 4 KiB and 50 parameters only),
-    and a new column with a Python default needs no change here."""
+    and a new column with a Python default needs no change here. The record comes from a FROM
+    item, not from `(jsonb_populate_record(…)).*` in the select list, which PostgreSQL expands
+    into one call per column: 19 parses of the effect's JSON, 24 of the entry's (~0.4 ms)."""
     table = model._meta.db_table
-    return f"INSERT INTO {table} SELECT (jsonb_populate_record(NULL::{table}, %({param})s)).* FROM {source} RETURNING 1"
+    return (f"INSERT INTO {table} SELECT r.* FROM {source}, jsonb_populate_record(NULL::{table}, %({param})s) AS r "
+            "RETURNING 1")
 
 
 class _Shape:
