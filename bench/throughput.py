@@ -177,6 +177,18 @@ def main(argv: list[str] | None = None) -> dict:
               f"({alone['rate']:.0f} req/s)")
     finally:
         server.stop()
+    # A sync worker closes the connection after each answer, so the one client above pays a TCP
+    # connect per call. As the README deploys it (gthread, keep-alive) an agent's client keeps it.
+    kept = Server("gunicorn (WSGI)", args.workers)
+    try:
+        for kind in ("baseline", "intercept"):
+            alone = wrk(kept.base, kind, data["running"], data["key"], seconds=args.seconds, connections=1, threads=1,
+                        offset=args.rounds, slices=args.rounds + 1)
+            results[f"one client kept alive, {kind}"] = alone
+            print(f"  one client, keep-alive (gthread, as deployed), {kind:9}: p50 {alone['p50']:.2f} ms  "
+                  f"p99 {alone['p99']:.2f} ms ({alone['rate']:.0f} req/s)")
+    finally:
+        kept.stop()
     return results
 
 
