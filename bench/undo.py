@@ -3,8 +3,8 @@
     python -m bench.undo [--entries 1000] [--receiver-ms 0]
 
 Builds a session with N committed compensable effects (their undo entries pointing at a
-webhook on a receiver thread on 127.0.0.1 that verifies signatures and dedupes by
-Idempotency-Key), then times `effects.undo.walk()` in this process: the same code a Celery
+webhook on a receiver process on 127.0.0.1, `tests.receiver`, that verifies signatures and
+dedupes by Idempotency-Key), then times `effects.undo.walk()` in this process: the same code a Celery
 worker runs, without the broker hop. Prints compensations per second and, per compensation,
 the walk's wall time against the receiver's own time (request read to response written); the
 difference is undolog's overhead, split into the HTTP client (the attempt's recorded duration
@@ -17,9 +17,12 @@ embedded Redis on var/bench-redis.sock, so it never touches the `make run` datab
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -80,28 +83,54 @@ def build(entries: int, target: str):
     return org, session
 
 
+class ReceiverProcess:
+    """tests.receiver in a process of its own: a receiver on a thread of the walker's process
+    would share its GIL, and every compensation would pay for the receiver's Python too."""
+
+    def __init__(self, secret: str, receiver_ms: float) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
+        self.port_file, self.result_file = self.dir / "port", self.dir / "result.json"
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.receiver", str(self.port_file),
+                                         str(self.result_file), secret, str(receiver_ms)], cwd=BASE_DIR)
+        deadline = time.monotonic() + 20
+        while not self.port_file.exists() or not self.port_file.read_text():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("the receiver process did not start")
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port_file.read_text()}/undo"
+
+    def finish(self) -> dict:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=20)
+        return json.loads(self.result_file.read_text())
+
+
 def run(entries: int = 1000, receiver_ms: float = 0.0) -> dict[str, float]:
     from effects import undo
-    from effects.models import Session, UndoAttempt, UndoEntry
-    from tests.receiver import Receiver
+    from effects.models import CompensationFunction, Session, UndoAttempt, UndoEntry
 
-    with Receiver(behaviour=lambda d: (200, receiver_ms / 1000)) as receiver:
-        org, session = build(entries, receiver.url)
-        receiver.secrets = [org.webhook_secret]
-        try:
-            started = time.perf_counter()
-            undo.walk(session.pk, budget_s=3600)
-            elapsed = time.perf_counter() - started
-            assert Session.objects.get(pk=session.pk).state == Session.State.COMPENSATED
-            assert len(receiver.applied) == entries and not receiver.duplicates
-            order = [str(pk) for pk in UndoEntry.objects.filter(session=session).lifo().values_list("pk", flat=True)]
-            assert receiver.order == order, "the walk did not go newest first"
-            client_ms = statistics.mean(UndoAttempt.objects.filter(entry__session=session)
-                                        .values_list("duration_ms", flat=True))
-        finally:
-            org.delete()
+    org, session = build(entries, "http://127.0.0.1:9/undo")
+    receiver = ReceiverProcess(org.webhook_secret, receiver_ms)
+    try:
+        CompensationFunction.objects.filter(org=org).update(target=receiver.url)
+        started = time.perf_counter()
+        undo.walk(session.pk, budget_s=3600)
+        elapsed = time.perf_counter() - started
+        seen = receiver.finish()
+        assert Session.objects.get(pk=session.pk).state == Session.State.COMPENSATED
+        assert len(seen["order"]) == entries and not seen["duplicates"] and not seen["unverified"]
+        order = [str(pk) for pk in UndoEntry.objects.filter(session=session).lifo().values_list("pk", flat=True)]
+        assert seen["order"] == order, "the walk did not go newest first"
+        client_ms = statistics.mean(UndoAttempt.objects.filter(entry__session=session)
+                                    .values_list("duration_ms", flat=True))
+    finally:
+        if receiver.process.poll() is None:
+            receiver.process.kill()
+        org.delete()
     per_ms = elapsed * 1000 / entries
-    own_ms = statistics.mean(receiver.own_ms)
+    own_ms = statistics.mean(seen["own_ms"])
     return {"entries": entries, "seconds": elapsed, "per_second": entries / elapsed, "per_compensation_ms": per_ms,
             "receiver_ms": own_ms, "overhead_ms": per_ms - own_ms, "http_client_ms": max(0.0, client_ms - own_ms),
             "bookkeeping_ms": per_ms - client_ms}

@@ -717,7 +717,11 @@ class UndoEntry(models.Model):
         # would make it step over every entry already compensated (quadratic in the stack's size).
         indexes = [models.Index(fields=["session", "-step_index", "-created"], name="undo_stack_open_lifo",
                                 condition=models.Q(state__in=["pending", "running", "compensation_failed"])),
-                   models.Index(fields=["state"], name="undo_entry_state"),  # no LIKE-only index
+                   # What people and sweeps look up by state (running claims, failures waiting for a
+                   # person): not the pending entries every intercept writes, nor the compensated ones
+                   # every walk step leaves.
+                   models.Index(fields=["state"], name="undo_entry_state_active",
+                                condition=models.Q(state__in=["running", "compensation_failed"])),
                    # Only where set: a new entry has neither, so the intercept writes no entry to them.
                    models.Index(fields=["next_attempt_at"], name="undo_entry_due",
                                 condition=models.Q(next_attempt_at__isnull=False)),

@@ -14,9 +14,10 @@ import random
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -62,8 +63,7 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     stop_at, ran = time.monotonic() + budget, False
     functions: dict[int, CompensationFunction] = {}  # read once per task run: a stack repeats a few
     while True:
-        entry = (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
-                 .open().lifo().select_related("effect").first())
+        entry = top_entry(session_id)
         if entry is None:
             # Either the session is not compensating, or nothing is left to do.
             _finish(session_id)
@@ -103,6 +103,42 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
             continue  # another worker got there first, or the claim escalated; look again
         _record(entry, number, handlers.run(entry, entry.fn, number))
         ran = True
+
+
+def top_entry(session_id: uuid.UUID | str) -> UndoEntry | None:
+    """Step 1's read: the session's top open entry with its effect, if the session is compensating.
+    On PostgreSQL a prepared statement: the ORM's compile and PostgreSQL's planning were ~2 of
+    its 2.8 ms, once per compensation."""
+    if not fastpath.available():
+        return (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
+                .open().lifo().select_related("effect").first())
+    row = fastpath.execute(_TOP, {"session": session_id, "open": list(UndoEntry.OPEN)})
+    if row is None:
+        return None
+    entry = _instance(UndoEntry, row[:len(_ENTRY_FIELDS)])
+    entry.effect = _instance(Effect, row[len(_ENTRY_FIELDS):])
+    return entry
+
+
+_ENTRY_FIELDS, _EFFECT_FIELDS = UndoEntry._meta.concrete_fields, Effect._meta.concrete_fields
+_TOP = f"""
+SELECT {", ".join(f"u.{f.column}" for f in _ENTRY_FIELDS)}, {", ".join(f"e.{f.column}" for f in _EFFECT_FIELDS)}
+FROM effects_undoentry u
+JOIN effects_session s ON s.id = u.session_id AND s.state = 'compensating'
+JOIN effects_effect e ON e.id = u.effect_id
+WHERE u.session_id = %(session)s AND u.state = ANY(%(open)s)
+ORDER BY u.step_index DESC, u.created DESC
+LIMIT 1
+"""
+
+
+def _instance(model: type, values: tuple) -> Any:
+    """A model instance from a row of its concrete fields, as the ORM would load it (jsonb comes
+    back as text on Django's connection: its fields decode it)."""
+    fields = model._meta.concrete_fields
+    decoded = [f.from_db_value(v, None, connection) if isinstance(v, str) and hasattr(f, "from_db_value") else v
+               for f, v in zip(fields, values, strict=True)]
+    return model.from_db("default", [f.attname for f in fields], decoded)
 
 
 def _finish(session_id: uuid.UUID | str) -> None:
@@ -196,8 +232,16 @@ def _record(entry: UndoEntry, number: int, result: handlers.Result) -> None:
 # The effect row is locked (FOR UPDATE in the statement) so its history names the state it
 # really left, as in the ORM path; everything else (a stalled claim, a retry, an escalation)
 # stays on the ORM path below.
+#
+# The claim commits without waiting for its WAL flush (synchronous_commit off for its own
+# transaction: ~0.65 ms, a fifth of a compensation's time). Losing it in a crash is harmless:
+# the entry is pending again and is sent again with the same Idempotency-Key, which receivers
+# dedupe (the walk is at-least-once by contract). The record of the outcome stays synchronous,
+# and since WAL is flushed in order, a durable record implies a durable claim.
 _CLAIM = """
-WITH claim AS (
+WITH quick AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), claim AS (
     UPDATE effects_undoentry SET state = 'running', attempts = attempts + 1, claimed_at = %(now)s,
         lease_until = %(lease)s, next_attempt_at = NULL, updated = %(now)s
     WHERE id = %(entry)s AND state = 'pending' AND attempts = %(attempts)s
@@ -213,7 +257,8 @@ WITH claim AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
     SELECT %(effect)s, from_state, 'compensating', %(actor)s, '', %(now)s FROM moved
 )
-SELECT (SELECT attempts FROM claim), (SELECT from_state FROM moved), (SELECT state FROM locked)
+SELECT (SELECT attempts FROM claim), (SELECT from_state FROM moved), (SELECT state FROM locked),
+       (SELECT 1 FROM quick)  -- referenced, or PostgreSQL would never run it
 """
 
 _COMPENSATED = """
@@ -246,7 +291,7 @@ SELECT (SELECT count(*) FROM done), (SELECT from_state FROM moved)
 def _claim_at_once(entry: UndoEntry, now: datetime, lease_until: datetime) -> int | None:
     row = fastpath.execute(_CLAIM, {"now": now, "lease": lease_until, "entry": entry.pk, "attempts": entry.attempts,
                                     "effect": entry.effect_id, "started": list(Effect.STARTED), "actor": ACTOR})
-    number, from_state, effect_state = row if row else (None, None, None)
+    number, from_state, effect_state = row[:3] if row else (None, None, None)
     if number is None:
         return None  # another worker got there first, or it is not due yet
     entry.announce(entry.state, UndoEntry.State.RUNNING)

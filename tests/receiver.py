@@ -124,3 +124,29 @@ def scripted(*statuses: int, then: int = 200, delay: float = 0.0) -> Behaviour:
         return (statuses[n - 1] if n <= len(statuses) else then), delay
 
     return behaviour
+
+
+def main() -> None:
+    """`python -m tests.receiver PORT_FILE RESULT_FILE [SECRET] [DELAY_MS]`: the receiver in a
+    process of its own (a benchmark's receiver must not share the walker's GIL). Writes its port
+    to PORT_FILE once listening; on SIGTERM writes what it saw to RESULT_FILE and exits."""
+    import signal
+    import sys
+    from pathlib import Path
+
+    port_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
+    secrets = [sys.argv[3]] if len(sys.argv) > 3 and sys.argv[3] else None
+    delay = float(sys.argv[4]) / 1000 if len(sys.argv) > 4 else 0.0
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with Receiver(secrets, behaviour=lambda d: (200, delay)) as receiver:
+        port_file.write_text(str(receiver.server.server_address[1]))
+        done.wait()
+        with receiver.lock:
+            result_file.write_text(json.dumps({"order": receiver.order, "duplicates": sum(receiver.duplicates.values()),
+                                               "unverified": sum(1 for d in receiver.log if not d.verified),
+                                               "own_ms": receiver.own_ms}))
+
+
+if __name__ == "__main__":
+    main()

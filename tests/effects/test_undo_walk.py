@@ -163,3 +163,18 @@ def test_it_leaves_a_session_alone_that_is_not_compensating(stack_of, receiver):
     assert undo.walk(stack.session_id) is None
     assert undo.walk("00000000-0000-0000-0000-000000000000") is None
     assert receiver.log == []
+
+
+def test_the_claims_quick_commit_stays_inside_its_own_statement(stack_of, receiver):
+    """The claim commits without waiting for its WAL flush (effects/undo.py); the connection the
+    rest of the process shares must still commit durably afterwards."""
+    from django.db import connection
+
+    stack = stack_of(3)
+    stack.fail()
+
+    assert receiver.order == list(reversed(stack.entries))
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"
