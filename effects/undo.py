@@ -62,8 +62,10 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     budget = settings.UNDOLOG_UNDO_WALK_BUDGET_S if budget_s is None else budget_s
     stop_at, ran = time.monotonic() + budget, False
     functions: dict[int, CompensationFunction] = {}  # read once per task run: a stack repeats a few
+    following: Any = UNREAD  # the next top entry, when recording the last outcome read it already
     while True:
-        entry = top_entry(session_id)
+        entry = top_entry(session_id) if following is UNREAD else following
+        following = UNREAD
         if entry is None:
             # Either the session is not compensating, or nothing is left to do.
             _finish(session_id)
@@ -101,7 +103,7 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
         number = _claim(entry, now)
         if number is None:
             continue  # another worker got there first, or the claim escalated; look again
-        _record(entry, number, handlers.run(entry, entry.fn, number))
+        following = _record(entry, number, handlers.run(entry, entry.fn, number))
         ran = True
 
 
@@ -112,24 +114,32 @@ def top_entry(session_id: uuid.UUID | str) -> UndoEntry | None:
     if not fastpath.available():
         return (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
                 .open().lifo().select_related("effect").first())
-    row = fastpath.execute(_TOP, {"session": session_id, "open": list(UndoEntry.OPEN)})
-    if row is None:
+    row = fastpath.execute(_TOP, {"session": session_id})
+    return _entry_of(row) if row is not None else None
+
+
+def _entry_of(columns: tuple | list) -> UndoEntry | None:
+    """The entry with its effect from `_TOP_COLUMNS` (None when they are NULL: there is none)."""
+    if columns[0] is None:
         return None
-    entry = _instance(UndoEntry, row[:len(_ENTRY_FIELDS)])
-    entry.effect = _instance(Effect, row[len(_ENTRY_FIELDS):])
+    entry = _instance(UndoEntry, columns[:len(_ENTRY_FIELDS)])
+    entry.effect = _instance(Effect, columns[len(_ENTRY_FIELDS):])
     return entry
 
 
+# The loop's "not read yet" (None means read, and there is none).
+UNREAD = object()
 _ENTRY_FIELDS, _EFFECT_FIELDS = UndoEntry._meta.concrete_fields, Effect._meta.concrete_fields
-_TOP = f"""
-SELECT {", ".join(f"u.{f.column}" for f in _ENTRY_FIELDS)}, {", ".join(f"e.{f.column}" for f in _EFFECT_FIELDS)}
+_TOP_COLUMNS = (", ".join(f"u.{f.column}" for f in _ENTRY_FIELDS) + ", "
+                + ", ".join(f"e.{f.column}" for f in _EFFECT_FIELDS))
+# The open states written out, not a parameter: a prepared statement's generic plan can then
+# prove the partial index's condition (undo_stack_open_lifo) and use it.
+_TOP_FROM = f"""
 FROM effects_undoentry u
 JOIN effects_session s ON s.id = u.session_id AND s.state = 'compensating'
 JOIN effects_effect e ON e.id = u.effect_id
-WHERE u.session_id = %(session)s AND u.state = ANY(%(open)s)
-ORDER BY u.step_index DESC, u.created DESC
-LIMIT 1
-"""
+WHERE u.session_id = %(session)s AND u.state IN ({", ".join(f"'{state}'" for state in sorted(UndoEntry.OPEN))})"""
+_TOP = f"SELECT {_TOP_COLUMNS} {_TOP_FROM} ORDER BY u.step_index DESC, u.created DESC LIMIT 1"
 
 
 def _instance(model: type, values: tuple) -> Any:
@@ -196,8 +206,9 @@ def _log_lost(entry: UndoEntry, number: int, since: datetime | None, now: dateti
     metrics.compensation(UndoAttempt.Outcome.LOST)
 
 
-def _record(entry: UndoEntry, number: int, result: handlers.Result) -> None:
-    """Step 7."""
+def _record(entry: UndoEntry, number: int, result: handlers.Result) -> Any:
+    """Step 7. Returns the session's next top entry when the record read it (PostgreSQL, a
+    success: one statement does both), else UNREAD."""
     now = timezone.now()
     started = now - timedelta(milliseconds=result.duration_ms)
     fields = {"lease_until": None, "last_error": result.error[:10_000], "last_status_code": result.status_code}
@@ -224,7 +235,7 @@ def _record(entry: UndoEntry, number: int, result: handlers.Result) -> None:
             outcome = UndoAttempt.Outcome.PERMANENT if result.permanent else UndoAttempt.Outcome.RETRY
             _log(entry, number, started, result, outcome)
             _escalate(entry, result.error, result.status_code)
-    return None
+    return UNREAD
 
 
 # PostgreSQL: the claim of a pending entry and the record of a success are one statement each
@@ -261,7 +272,9 @@ SELECT (SELECT attempts FROM claim), (SELECT from_state FROM moved), (SELECT sta
        (SELECT 1 FROM quick)  -- referenced, or PostgreSQL would never run it
 """
 
-_COMPENSATED = """
+# The record of a success also reads the next top entry (what step 1 would read next), in the
+# statement's snapshot: the entry just recorded still looks running there, so it is left out.
+_COMPENSATED = f"""
 WITH done AS (
     UPDATE effects_undoentry SET state = 'compensated', lease_until = NULL, last_error = %(error)s,
         last_status_code = %(status)s, updated = %(now)s
@@ -284,7 +297,11 @@ WITH done AS (
     -- A heartbeat: the sweep leaves a walk alone while its session keeps moving.
     UPDATE effects_session SET updated = %(now)s WHERE id = %(session)s AND EXISTS (SELECT 1 FROM done)
 )
-SELECT (SELECT count(*) FROM done), (SELECT from_state FROM moved)
+SELECT (SELECT count(*) FROM done), (SELECT from_state FROM moved), following.*
+FROM (SELECT 1) one LEFT JOIN LATERAL (
+    SELECT {_TOP_COLUMNS} {_TOP_FROM} AND u.id <> %(entry)s
+    ORDER BY u.step_index DESC, u.created DESC LIMIT 1
+) following ON true
 """
 
 
@@ -302,7 +319,7 @@ def _claim_at_once(entry: UndoEntry, now: datetime, lease_until: datetime) -> in
 
 
 def _compensated_at_once(entry: UndoEntry, number: int, started: datetime, now: datetime,
-                         result: handlers.Result) -> None:
+                         result: handlers.Result) -> Any:
     row = fastpath.execute(_COMPENSATED, {
         "error": result.error[:10_000], "status": result.status_code, "now": now, "entry": entry.pk,
         "attempt": number, "started": started, "duration": result.duration_ms, "effect": entry.effect_id,
@@ -313,7 +330,7 @@ def _compensated_at_once(entry: UndoEntry, number: int, started: datetime, now: 
     metrics.compensation(UndoAttempt.Outcome.SUCCESS)
     entry.state, entry.lease_until, entry.updated = UndoEntry.State.COMPENSATED, None, now
     _effect_moved(entry.effect, row[1], Effect.State.COMPENSATED, now, entry.effect.state)
-    return None
+    return _entry_of(row[2:])
 
 
 def _effect_moved(effect: Effect, from_state: str | None, to: str, now: datetime, current: str | None) -> None:
@@ -327,10 +344,11 @@ def _effect_moved(effect: Effect, from_state: str | None, to: str, now: datetime
         longpoll.publish(effect.pk)
 
 
-def _fenced_out(entry: UndoEntry, number: int) -> None:
+def _fenced_out(entry: UndoEntry, number: int) -> Any:
     # Our claim ran out and another worker took the entry over; its attempt is the one that counts.
     logger.warning("undo entry %s: attempt %s finished after its claim was taken over; result dropped",
                    entry.pk, number)
+    return UNREAD
 
 
 def _log(entry: UndoEntry, number: int, started: datetime, result: handlers.Result, outcome: str,
