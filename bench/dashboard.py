@@ -11,6 +11,7 @@ prints the median and p95 per page and the page's query count. Aim: under 100 ms
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -182,6 +183,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.monotonic()
     made = seed(args.sessions, args.pending)
+    # Measured in the process that seeded: its leftovers out of the collector's sight, as a
+    # server process's loaded code is (undolog_site/wsgi.py freezes it).
+    gc.collect()
+    gc.freeze()
     print(f"dashboard pages · {args.sessions} sessions, {args.pending} pending requests · PostgreSQL "
           f"(seeded in {time.monotonic() - started:.1f} s) · {args.requests} requests per page")
     client = Client(SERVER_NAME="127.0.0.1")
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, url in pages.items():
         p50, p95, queries = measure(client, url, args.requests)
         results[name] = {"p50_ms": p50, "p95_ms": p95, "queries": queries}
-        verdict = "ok" if p50 < 100 else "OVER the 100 ms aim"
+        verdict = "ok" if p95 < 100 else "OVER the 100 ms aim (p95)"
         print(f"  {name:17} server time p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  {queries:2d} queries  {verdict}")
     return results
 

@@ -1,5 +1,6 @@
 """WSGI entry point: serves the REST API (and admin/dashboard pages) from gunicorn."""
 
+import gc
 import os
 
 from django.core.wsgi import get_wsgi_application
@@ -10,3 +11,8 @@ from core import tracing
 
 tracing.setup("undolog-web")
 application = get_wsgi_application()
+
+# Everything loaded so far (Django, the apps, their modules) lives as long as the process: out of
+# the collector's sight, a full collection no longer walks it (~100 ms pauses on a page otherwise).
+gc.collect()
+gc.freeze()
