@@ -51,20 +51,17 @@ class TrialSerializer(StrictSerializer):
 
 
 def _scope(org, data: dict[str, Any]) -> dict[str, Any]:
-    """The rule's agent and tool names as rows of the org (400 if there is none)."""
+    """The rule's agent, reviewer group and tool names as rows of the org (400 if there is none)."""
     scoped: dict[str, Any] = {}
-    if "agent" in data:
-        name = data["agent"]
-        scoped["agent"] = Agent.objects.for_org(org).filter(name=name).first() if name else None
-        if name and scoped["agent"] is None:
-            raise Invalid({"agent": f"No agent named {name!r} in this organization."},
-                          f"agent: no agent named {name!r} in this organization.")
-    if "reviewer_group" in data:
-        name = data["reviewer_group"]
-        scoped["reviewer_group"] = ReviewerGroup.objects.for_org(org).filter(name=name).first() if name else None
-        if name and scoped["reviewer_group"] is None:
-            raise Invalid({"reviewer_group": f"No reviewer group named {name!r} in this organization."},
-                          f"reviewer_group: no reviewer group named {name!r} (create it at /api/v1/reviewer-groups).")
+    for field, rows, what in (("agent", Agent.objects, "agent"), ("reviewer_group", ReviewerGroup.objects,
+                                                                     "reviewer group")):
+        if field not in data:
+            continue
+        name = data[field]
+        scoped[field] = rows.for_org(org).filter(name=name).first() if name else None
+        if name and scoped[field] is None:
+            raise Invalid({field: f"No {what} named {name!r} in this organization."},
+                          f"{field}: no {what} named {name!r} in this organization.")
     if "tool" in data:
         name = data["tool"] or ""
         tier = Tool.objects.for_org(org).filter(name=name).values_list("tier", flat=True).first() if name else None

@@ -417,15 +417,15 @@ WITH old AS (
     UPDATE effects_effect e SET state = 'committed', updated = %(now)s, result = %(result)s::jsonb
     FROM old WHERE e.id = old.id
     RETURNING e.id, e.org_id, e.session_id, e.tool_name, e.tier, e.step_index, e.call_signature, e.args,
-              e.error, e.created, old.state AS from_state
+              e.approved_args, e.error, e.created, old.state AS from_state
 ), t AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
     SELECT id, from_state, 'committed', %(actor)s, '', %(now)s FROM e
 )
 SELECT * FROM e
 """
-_COMMITTED = ("id", "org_id", "session_id", "tool_name", "tier", "step_index", "call_signature", "args", "error",
-              "created", "from_state")
+_COMMITTED = ("id", "org_id", "session_id", "tool_name", "tier", "step_index", "call_signature", "args",
+              "approved_args", "error", "created", "from_state")
 
 
 def commit(request, effect_id: str) -> HttpResponse | None:
@@ -452,8 +452,9 @@ def commit(request, effect_id: str) -> HttpResponse | None:
         return None  # not this agent's, not executing or approved, or gone: the viewset says which
     found = dict(zip(_COMMITTED, row, strict=True))
     from_state = found.pop("from_state")
-    if isinstance(found["args"], str):
-        found["args"] = json.loads(found["args"])
+    for name in ("args", "approved_args"):
+        if isinstance(found[name], str):
+            found[name] = json.loads(found[name])
     effect = Effect(state=Effect.State.COMMITTED, result=result, updated=now, **found)
     longpoll.publish(effect.pk)
     announce(effect, "effect", from_state, Effect.State.COMMITTED, name=effect.tool_name,

@@ -71,3 +71,20 @@ def test_an_async_tool_runs_the_edited_args_too(acme, server, client):
     result = asyncio.run(run())
     person.thread.join(10)
     assert (result, RAN) == ("deleted acct-104", ["adelete_account acct-104"])
+
+
+# What the framework adapters' tests check of an edited call (tests/sdk/test_langchain.py,
+# test_openai_agents.py): the tool ran the edit, the effect keeps both, the model is told.
+EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
+          '{"account_id": "acct-103"}, not with the arguments you proposed.\ndeleted acct-103')
+
+
+def assert_ran_edited(session_id, caplog) -> None:
+    """The tool ran acct-103 (never the proposed acct-102); the effect keeps both."""
+    assert RAN == ["delete_account acct-103"]
+    effect = Effect.objects.get(session_id=session_id)
+    assert (effect.args, effect.approved_args, effect.state) == (
+        {"account_id": "acct-102"}, {"account_id": "acct-103"}, "committed")
+    assert effect.result == {"value": "deleted acct-103"}  # the tool's output; the note is the model's
+    assert any("edited before approving" in r.getMessage() and "acct-103" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)

@@ -21,7 +21,7 @@ from tests.receiver import Receiver
 from tests.sdk import langchain_agent as lc
 from tests.sdk.agent_tools import RAN
 from tests.sdk.conftest import Person, reviewer, token_of
-from tests.sdk.test_edit_before_approve import edit_and_approve
+from tests.sdk.test_edit_before_approve import EDITED, assert_ran_edited, edit_and_approve
 from tests.sdk.test_replay import BASE_DIR, _env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -250,20 +250,6 @@ def test_with_interrupts_a_parallel_sibling_of_a_held_call_is_told_to_call_again
 
 # -- edit before approving: the tool runs the reviewer's args, and the model is told ------------
 
-EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
-          '{"account_id": "acct-103"}, not with the arguments you proposed.\ndeleted acct-103')
-
-
-def assert_ran_edited(session_id, caplog) -> None:
-    """The tool ran acct-103 (never the proposed acct-102); the effect keeps both."""
-    assert RAN == ["delete_account acct-103"]
-    effect = Effect.objects.get(session_id=session_id)
-    assert (effect.args, effect.approved_args, effect.state) == (
-        {"account_id": "acct-102"}, {"account_id": "acct-103"}, "committed")
-    assert effect.result == {"value": "deleted acct-103"}  # the tool's output; the note is the model's
-    assert any("edited before approving" in r.getMessage() and "acct-103" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.INFO)
-
 
 def delete_102() -> lc.ScriptedChatModel:
     return lc.scripted([[("delete_account", {"account_id": "acct-102"})], "Deleted acct-103."])
@@ -283,10 +269,13 @@ def test_the_middleware_runs_the_args_a_reviewer_edited_and_tells_the_model(acme
     assert_ran_edited(s.id, caplog)
 
 
-def test_the_async_middleware_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client,
-                                                                                  caplog):
+@pytest.mark.parametrize("make_agent", [
+    lambda: create_agent(delete_102(), lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)]),
+    lambda: lc.graph(delete_102()),  # a ToolNode of wrap_tools' UndologTools
+], ids=["middleware", "wrapped tool"])
+def test_async_runs_the_args_a_reviewer_edited_and_tell_the_model(acme, server, lc_client, caplog, make_agent):
     person = edit_and_approve(acme, server, {"account_id": "acct-103"})
-    agent = create_agent(delete_102(), lc.TOOLS, middleware=[UndologMiddleware(lc.TIERS)])
+    agent = make_agent()
 
     async def run():
         async with lc_client.session(agent="cleanup") as s:
@@ -311,23 +300,6 @@ def test_a_wrapped_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme
 
     assert tool_messages(result["messages"]) == [EDITED]
     assert tool_messages(model.seen[-1]) == [EDITED]
-    assert_ran_edited(s.id, caplog)
-
-
-def test_an_async_wrapped_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, lc_client,
-                                                                                   caplog):
-    person = edit_and_approve(acme, server, {"account_id": "acct-103"})
-    agent = lc.graph(delete_102())
-
-    async def run():
-        async with lc_client.session(agent="cleanup") as s:
-            return s, await agent.ainvoke(ASK)
-
-    with caplog.at_level(logging.INFO, logger="undolog"):
-        s, result = asyncio.run(run())
-    person.thread.join(10)
-
-    assert tool_messages(result["messages"]) == [EDITED]
     assert_ran_edited(s.id, caplog)
 
 

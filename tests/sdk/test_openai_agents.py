@@ -21,7 +21,7 @@ from effects.models import Effect, Session
 from tests.receiver import Receiver
 from tests.sdk.agent_tools import RAN, did
 from tests.sdk.conftest import Person, reviewer, token_of
-from tests.sdk.test_edit_before_approve import edit_and_approve
+from tests.sdk.test_edit_before_approve import EDITED, assert_ran_edited, edit_and_approve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -248,20 +248,6 @@ def test_parallel_held_calls_stop_the_run_and_each_is_decided_before_it_runs(acm
 
 
 # -- edit before approving: the tool runs the reviewer's args, and the model is told ------------
-
-EDITED = ("Note: a reviewer edited this call's arguments before approving it; it ran with "
-          '{"account_id": "acct-103"}, not with the arguments you proposed.\ndeleted acct-103')
-
-
-def assert_ran_edited(session_id, caplog) -> None:
-    """The tool ran acct-103 (never the proposed acct-102); the effect keeps both."""
-    assert RAN == ["delete_account acct-103"]
-    effect = Effect.objects.get(session_id=session_id)
-    assert (effect.args, effect.approved_args, effect.state) == (
-        {"account_id": "acct-102"}, {"account_id": "acct-103"}, "committed")
-    assert effect.result == {"value": "deleted acct-103"}  # the tool's output; the note is the model's
-    assert any("edited before approving" in r.getMessage() and "acct-103" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.INFO)
 
 
 def test_a_function_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acme, server, oa_client, caplog):
