@@ -93,20 +93,15 @@ class ReviewerGroupAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj: ReviewerGroup, form, change: bool) -> None:
         stored = ReviewerGroup.objects.filter(pk=obj.pk).first() if change else None
-        # On the form, not on this admin (one instance serves every request): the members before.
-        form.before = None if stored is None else {"name": stored.name, "description": stored.description,
-                                                   "members": stored.member_names()}
+        # On the form, not on this admin (one instance serves every request): the settings before.
+        form.before = None if stored is None else stored.settings()
         obj.updated_by = f"admin:{request.user.get_username()}"
         super().save_model(request, obj, form, change)
 
     def save_related(self, request, form, formsets, change: bool) -> None:
         super().save_related(request, form, formsets, change)
         group: ReviewerGroup = form.instance
-        after = {"name": group.name, "description": group.description, "members": group.member_names()}
-        before = form.before or dict.fromkeys(after)
-        diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
-        if diff:
-            group._record("changed" if form.before else "created", diff, group.updated_by)
+        group.recorded(form.before, group.settings(), group.updated_by)
 
     def has_delete_permission(self, request, obj: ReviewerGroup | None = None) -> bool:
         return super().has_delete_permission(request, obj) and (obj is None or obj.in_use() is None)

@@ -60,14 +60,22 @@ class ReviewerGroup(models.Model):
     # ------------------------------------------------------------ reading
 
     def member_names(self) -> list[str]:
-        return sorted(self.members.values_list("user__username", flat=True))
+        """Sorted usernames, from `prefetch_related("members__user")` when the caller made it."""
+        members = getattr(self, "_prefetched_objects_cache", {}).get("members")
+        if members is None:
+            members = self.members.select_related("user")
+        return sorted(member.user.username for member in members)
+
+    def settings(self) -> dict[str, Any]:
+        """What an edit records, from → to."""
+        return {"name": self.name, "description": self.description, "members": self.member_names()}
 
     def has_member(self, user: Any) -> bool:
         return user is not None and self.members.filter(user_id=user.pk).exists()
 
-    def as_dict(self, members: list[str] | None = None) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {"id": str(self.id), "name": self.name, "description": self.description,
-                "members": self.member_names() if members is None else members, "created": self.created.isoformat(),
+                "members": self.member_names(), "created": self.created.isoformat(),
                 "updated": self.updated.isoformat(), "updated_by": self.updated_by or None}
 
     def in_use(self) -> str | None:
@@ -88,28 +96,36 @@ class ReviewerGroup(models.Model):
         with transaction.atomic():
             group = cls.objects.create(org=org, name=name, description=description, updated_by=actor)
             group.members.set(members)
-            group._record("created", {"name": [None, name], "description": [None, description],
-                                      "members": [None, group.member_names()]}, actor)
+            group.recorded(None, group.settings(), actor)
         return group
 
     def change(self, changes: dict[str, Any], actor: str) -> None:
         """Rename, describe, or set the members; records who changed what (from → to)."""
-        before = {"name": self.name, "description": self.description, "members": self.member_names()}
+        before = self.settings()
         with transaction.atomic():
             for name in ("name", "description"):
                 if name in changes:
                     setattr(self, name, changes[name])
             if "members" in changes:
                 self.members.set(changes["members"])
-            after = {"name": self.name, "description": self.description, "members": self.member_names()}
-            diff = {name: [before[name], after[name]] for name in after if before[name] != after[name]}
-            if not diff:
+            after = self.settings()
+            if after == before:
                 return
             self.updated_by = actor
             self.save()
-            if "name" in diff:  # cached rules carry the name their requests are labelled with
-                Organization.objects.filter(pk=self.org_id).update(config_version=F("config_version") + 1)
-            self._record("changed", diff, actor)
+            self.recorded(before, after, actor)
+
+    def recorded(self, before: dict[str, Any] | None, after: dict[str, Any], actor: str) -> None:
+        """Record a saved edit (the API's or the admin's; `before` None: created): who, and each
+        setting from → to. A rename also bumps the org's config version: cached rules carry the
+        name their requests are labelled with."""
+        diff = {name: [None if before is None else before[name], value] for name, value in after.items()
+                if before is None or before[name] != value}
+        if not diff:
+            return
+        if before is not None and "name" in diff:
+            Organization.objects.filter(pk=self.org_id).update(config_version=F("config_version") + 1)
+        self._record("created" if before is None else "changed", diff, actor)
 
     def remove(self, actor: str) -> None:
         with transaction.atomic():

@@ -238,10 +238,10 @@ class ApprovalRequest(models.Model):
     # ------------------------------------------------------------ decisions
 
     def approve(self, by=None, reason: str = "", args_digest: str | None = None,
-                args: dict[str, Any] | None = None, *, rule: str = "") -> None:
-        """Approve the exact args shown (by=None: the deadline passed with auto-approve on, or
-        `rule`: an approval rule matched at the intercept), or the reviewer's edit of them
-        (`args`): the edit is what runs.
+                args: dict[str, Any] | None = None) -> None:
+        """Approve the exact args shown (by=None: the deadline passed with auto-approve on), or
+        the reviewer's edit of them (`args`): the edit is what runs. (A rule or a grant decides
+        at the intercept: `approve_at_once`.)
 
         1. An approval is bound to args: a digest that is not the request's is 409.
         2. A person: not the one who started the run (403), a member of the request's reviewer
@@ -264,26 +264,28 @@ class ApprovalRequest(models.Model):
             raise Conflict(f"This request needs {self.approvals_required} approvers, and they must all approve "
                            "the same args: approve it as proposed, or reject it and say what to change.",
                            code="edit_needs_single_approver", approvals_required=self.approvals_required)
-        label = f"{RULE_PREFIX}{rule}" if rule else _label(by)
+        label = _label(by)
         person = by is not None
         with transaction.atomic():
             approvals = self._count_approval(by, reason) if person else self.approvals
             if approvals is None:
                 return  # counted; more reviewers must approve
             # A person approves before the deadline; after it, only the deadline decides.
-            self._decide(self.State.APPROVED, by, label, reason, due_only=not person and not rule,
+            self._decide(self.State.APPROVED, by, label, reason, due_only=not person,
                          before_deadline=person, decided_args_digest=digest, approvals=approvals)
             self._release_approved(label, reason, edited)
 
-    def approve_by_grant(self, grant: Grant, effect: Effect) -> None:
-        """Decided at once by a live grant, in the intercept's transaction (the session never
-        waits, so it stays running): recorded like any approval, as `grant:<id>`."""
-        label = grant.label
-        why = f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
+    def approve_at_once(self, effect: Effect, label: str, reason: str, **extra: Any) -> None:
+        """Decided at the intercept, in its transaction, by a rule (`rule:<name>`) or a live grant
+        (`grant:<id>`): the session never waits, so it stays running. Recorded like any approval."""
         with transaction.atomic():
-            self._decide(self.State.APPROVED, None, label, why, decided_args_digest=self.args_digest)
-            effect.approve(actor=label, reason=why)
-            self._approved(effect, self.session.agent, grant=str(grant.pk))
+            self._decide(self.State.APPROVED, None, label, reason, decided_args_digest=self.args_digest)
+            effect.approve(actor=label, reason=reason)
+            self._approved(effect, self.session.agent, **extra)
+
+    def approve_by_grant(self, grant: Grant, effect: Effect) -> None:
+        why = f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
+        self.approve_at_once(effect, grant.label, why, grant=str(grant.pk))
 
     def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """Edit before approving: the edited args (None if unchanged) and the digest the decision
@@ -349,12 +351,9 @@ class ApprovalRequest(models.Model):
                      reason=reason or None, approvals=approvals, approvals_required=self.approvals_required)
         return None
 
-    def _started_run(self, user) -> bool:
-        started_by = (self.session.started_by or "").strip().lower()
-        return bool(started_by) and started_by in {user.get_username().lower(), (user.email or "").lower()}
-
     def _refuse_run_starter(self, by) -> None:
-        if self._started_run(by):
+        started_by = (self.session.started_by or "").strip().lower()
+        if started_by and started_by in {by.get_username().lower(), (by.email or "").lower()}:
             raise Forbidden(f"You started this run ({self.session.started_by}); another reviewer must approve "
                             "its calls.", code="run_starter_cannot_approve")
 
@@ -369,10 +368,6 @@ class ApprovalRequest(models.Model):
             raise Forbidden(f"Only members of the reviewer group {self.reviewer_group_name!r} may approve this call"
                             + (f" (rule {self.rule})" if self.rule else "") + "; you may still reject it.",
                             code="not_in_reviewer_group", reviewer_group=self.reviewer_group_name)
-
-    def may_approve(self, user) -> bool:
-        """Whether `user` (a reviewer) may approve this request: what the page and queue show."""
-        return not self._started_run(user) and self.in_group(user)
 
     def reject(self, by, reason: str, rollback: bool = False) -> None:
         """Reject with a reason: effect rejected, session halted (or failed, so its undo stack

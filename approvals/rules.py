@@ -373,15 +373,18 @@ def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[
     if not rules:
         return Verdict()
     wanted = frozenset().union(*(r.variables for r in rules))
-    activation: dict[str, Any] = {"args": args, "tool": tool_of(tool), "agent": {"name": agent.name},
-                                  "run": run_of(session), "now": now_in(org)}
-    if "day" in wanted:
-        activation["day"] = day_of(org, agent)
-    return evaluate(rules, activation)
+    # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
+    builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
+                "run": lambda: run_of(session), "now": lambda: now_in(org), "day": lambda: day_of(org, agent)}
+    return evaluate(rules, {name: build() for name, build in builders.items() if name in wanted})
 
 
 def day_of(org: Organization, agent: Agent) -> dict[str, Any]:
-    usage = day_usage.today(org, [agent.id]).get(agent.id)
+    return usage_of(day_usage.today(org, [agent.id]).get(agent.id))
+
+
+def usage_of(usage: Any) -> dict[str, Any]:
+    """`day` in conditions: a day's usage (None: nothing that day)."""
     if usage is None:
         return {"tool_calls": 0, "irreversible_calls": 0, "cost": 0.0}
     return {"tool_calls": usage.tool_calls, "irreversible_calls": usage.irreversible_calls,

@@ -32,5 +32,5 @@ def rules_context(org: Organization) -> dict[str, Any]:
 
 
 def _group_item(group: ReviewerGroup) -> dict[str, Any]:
-    members = sorted(m.user.username for m in group.members.all())  # prefetched
-    return {"group": group, "members": members, "json": json.dumps(group.as_dict(members))}
+    body = group.as_dict()  # members from the prefetch
+    return {"group": group, "members": body["members"], "json": json.dumps(body)}

@@ -113,7 +113,9 @@ def _deadline(approval: ApprovalRequest) -> str:
 
 def on_event(event: Event) -> SlackMessage | None:
     """An approval event of an org with Slack: a request gets its message row (once); a
-    decision, expiry or extension re-syncs the message the request already has."""
+    decision or an expiry re-syncs the message the request already has (a message is synced
+    when its request's state is not the one it shows: an extension or a partial quorum does not
+    change the state, so the deadline and "1 of 2" in Slack are those of when it was posted)."""
     approval_id = (event.data.get("approval") or {}).get("id")
     if not approval_id:
         return None

@@ -17,7 +17,7 @@ import cel
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.rules import Rule, compile_condition, now_in, run_of, tool_of
+from approvals.rules import Rule, compile_condition, now_in, run_of, tool_of, usage_of
 from budgets import day_usage
 from effects.models import Tier, Tool
 from orgs.models import Agent, Organization
@@ -107,11 +107,7 @@ class _DayUsage:
     def of(self, agent_id: Any, moment) -> dict[str, Any]:
         day = moment.astimezone(self.org.tz).date()
         if (agent_id, day) not in self.seen:
-            usage = day_usage.from_log(self.org, day, [agent_id]).get(agent_id)
-            self.seen[(agent_id, day)] = {
-                "tool_calls": usage.tool_calls if usage else 0,
-                "irreversible_calls": usage.irreversible_calls if usage else 0,
-                "cost": float(usage.cost) if usage else 0.0}
+            self.seen[(agent_id, day)] = usage_of(day_usage.from_log(self.org, day, [agent_id]).get(agent_id))
         return self.seen[(agent_id, day)]
 
 

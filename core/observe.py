@@ -20,25 +20,24 @@ _FAST = {201: "execute", 200: "replay"}
 def intercept(request: HttpRequest, session_id: str, answer: Callable[[], HttpResponse]) -> HttpResponse:
     started = time.perf_counter()
     if tracing.on():
-        response, tier, decision = _traced(request, session_id, answer)
+        response, (tier, decision, path) = _traced(request, session_id, answer)
     else:
         response = answer()
-        tier, decision = _outcome(response, None)
-    fast = response.get("X-Undolog-Path") == "fast"
-    metrics.intercepted(tier, decision, "fast" if fast else "slow", time.perf_counter() - started)
+        tier, decision, path = _outcome(response, None)
+    metrics.intercepted(tier, decision, path, time.perf_counter() - started)
     return response
 
 
 def _traced(request: HttpRequest, session_id: str,
-            answer: Callable[[], HttpResponse]) -> tuple[HttpResponse, str, str]:
+            answer: Callable[[], HttpResponse]) -> tuple[HttpResponse, tuple[str, str, str]]:
     with tracing.span("execute_tool", **{"gen_ai.operation.name": "execute_tool",
                                           "undolog.session.id": session_id}) as span:
         response = answer()
         # The span names the tool and the effect: read the body, the fast path's JSON included.
         body = _body(response, parse=True)
-        tier, decision = _outcome(response, body)
-        _annotate(span, request, body, tier, decision)
-    return response, tier, decision
+        outcome = _outcome(response, body)
+        _annotate(span, request, body, *outcome[:2])
+    return response, outcome
 
 
 def _body(response: HttpResponse, parse: bool) -> dict[str, Any]:
@@ -52,14 +51,15 @@ def _body(response: HttpResponse, parse: bool) -> dict[str, Any]:
         return {}
 
 
-def _outcome(response: HttpResponse, body: dict[str, Any] | None) -> tuple[str, str]:
-    """(tier, decision): the fast path answers only for compensable tools, by status; else the body says."""
+def _outcome(response: HttpResponse, body: dict[str, Any] | None) -> tuple[str, str, str]:
+    """(tier, decision, path): the fast path answers only for compensable tools, by status; else
+    the body says."""
     if response.get("X-Undolog-Path") == "fast":
-        return "compensable", _FAST.get(response.status_code, "error")
+        return "compensable", _FAST.get(response.status_code, "error"), "fast"
     body = _body(response, parse=False) if body is None else body
     effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
     decision = body.get("decision") or body.get("error") or str(response.status_code)
-    return effect.get("tier") or "none", decision
+    return effect.get("tier") or "none", decision, "slow"
 
 
 def _annotate(span: Any, request: HttpRequest, body: dict[str, Any], tier: str, decision: str) -> None:

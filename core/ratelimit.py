@@ -187,6 +187,8 @@ def check(limits: Sequence[Limit]) -> None:
     if not limits:
         return
     now = time.monotonic()
+    # The lock guards the leases only: the round trip happens outside it, so a thread whose
+    # tokens are live never waits for another thread's Redis call.
     with _redis.leases_lock:
         if len(_redis.leases) > _MAX_LEASES:  # one per key and org seen: drop the idle ones
             _redis.leases = {name: lease for name, lease in _redis.leases.items() if lease.until > now}
@@ -195,25 +197,28 @@ def check(limits: Sequence[Limit]) -> None:
             for lease in leases:
                 lease.tokens -= 1
             return
-        client = _redis.client()
-        if client is None:
-            return
         args: list[int] = []
         for limit, lease in zip(limits, leases, strict=True):
             want, refund = (0, 0) if lease.live(now) else lease.renew(limit, now)
             args += [limit.max_requests, limit.window_s * 1_000_000, want, refund]
-        try:
-            _redis.round_trips += 1
-            answer = _redis._script(keys=[limit.redis_key for limit in limits], args=args, client=client)
-        except redis.RedisError as exc:
-            _redis.failed(exc)
-            return
-        if answer[0]:
-            raise RateLimited(limits[int(answer[0]) - 1], max(1, -(-int(answer[1]) // 1_000_000)))
-        until = now + _lease_s()
+        _redis.round_trips += 1
+    client = _redis.client()
+    if client is None:
+        return
+    try:
+        answer = _redis._script(keys=[limit.redis_key for limit in limits], args=args, client=client)
+    except redis.RedisError as exc:
+        _redis.failed(exc)
+        return
+    if answer[0]:
+        raise RateLimited(limits[int(answer[0]) - 1], max(1, -(-int(answer[1]) // 1_000_000)))
+    until = now + _lease_s()
+    with _redis.leases_lock:
         for lease, granted in zip(leases, answer[1:], strict=True):
             if granted:
-                lease.tokens, lease.until = int(granted), until
+                # Another thread may have renewed it meanwhile: its tokens are charged too, keep them.
+                lease.tokens = (lease.tokens if lease.until > now else 0) + int(granted)
+                lease.until = until
             lease.tokens -= 1
 
 

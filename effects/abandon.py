@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from effects.models import Effect, Session
@@ -44,14 +44,9 @@ def silent(timeout_s: int, now=None):
     cutoff = now - timedelta(seconds=timeout_s)
     effective = (Q(agent__run_idle_timeout_s=timeout_s) |
                  Q(agent__run_idle_timeout_s__isnull=True, org__run_idle_timeout_s=timeout_s))
-    recent = Effect.objects.filter(session=OuterRef("pk"), updated__gte=cutoff)
-    waiting = Effect.objects.filter(session=OuterRef("pk"), state=Effect.State.PENDING)
-    # An approved call its tool's executor runs is the worker's to finish (its retries may be an
-    # hour apart), not a sign that the agent went away.
-    executing = Effect.objects.filter(session=OuterRef("pk"), state__in=[Effect.State.APPROVED, Effect.State.EXECUTING],
-                                      tool__executor_url__gt="")
+    newest = Effect.objects.filter(session=OuterRef("pk")).order_by("-updated").values("updated")[:1]
     return (Session.objects.filter(effective, state=Session.State.RUNNING, updated__lt=cutoff)
-            .exclude(Exists(recent)).exclude(Exists(waiting)).exclude(Exists(executing)).order_by("updated"))
+            .exclude(Session.kept_alive(cutoff)).annotate(last_effect=Subquery(newest)).order_by("updated"))
 
 
 def sweep(now=None) -> int:

@@ -24,7 +24,6 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -306,6 +305,16 @@ def execute(sql: str, params: dict[str, Any]) -> tuple | None:
         return None  # a duplicate won the race on the signature: the pipeline replays it
 
 
+def loaded(model: type, names: tuple[str, ...] | list[str], values: tuple | list) -> dict[str, Any]:
+    """A row a raw statement read, by attribute name, its jsonb decoded as the ORM decodes it
+    (Django's connection reads jsonb as text; its JSON fields parse it). Names that are not
+    fields of `model` (a from_state) pass through."""
+    fields = {f.attname: f for f in model._meta.concrete_fields}
+    return {name: fields[name].from_db_value(value, None, connection)
+            if isinstance(value, str) and isinstance(fields.get(name), models.JSONField) else value
+            for name, value in zip(names, values, strict=True)}
+
+
 def _prepared(db: Any, sql: str, params: dict[str, Any]) -> tuple | None:
     db.ensure_connection()
     started = time.monotonic()
@@ -389,11 +398,7 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
 def _replay(existing: list, call: pipeline.Call, session: uuid.UUID) -> HttpResponse | None:
     if existing[0] is None:
         return None
-    found = dict(zip(_EXISTING, existing, strict=True))
-    for name in ("args", "result"):
-        if isinstance(found[name], str):
-            found[name] = json.loads(found[name])
-    effect = Effect(session_id=session, **found)
+    effect = Effect(session_id=session, **loaded(Effect, _EXISTING, existing))
     if effect.tier != Tier.COMPENSABLE:
         return None  # an irreversible replay carries its approval: the pipeline builds that
     if call.idempotency_key and (effect.tool_name != call.tool or
@@ -450,11 +455,8 @@ def commit(request, effect_id: str) -> HttpResponse | None:
                                  "actor": f"agent:{key.agent_name}"})
     if row is None:
         return None  # not this agent's, not executing or approved, or gone: the viewset says which
-    found = dict(zip(_COMMITTED, row, strict=True))
+    found = loaded(Effect, _COMMITTED, row)
     from_state = found.pop("from_state")
-    for name in ("args", "approved_args"):
-        if isinstance(found[name], str):
-            found[name] = json.loads(found[name])
     effect = Effect(state=Effect.State.COMMITTED, result=result, updated=now, **found)
     longpoll.publish(effect.pk)
     announce(effect, "effect", from_state, Effect.State.COMMITTED, name=effect.tool_name,

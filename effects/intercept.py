@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from approvals import notify, rules
-from approvals.models import ApprovalRequest, Grant
+from approvals.models import RULE_PREFIX, ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
 from effects.models import (
@@ -209,8 +209,9 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
        the reviewer group a require rule names (only its members may approve).
     4. A live grant (a single approver asked, no group, no approving rule) decides it at once as
        `grant:<id>`; the session keeps running.
-    5. Else session `awaiting_approval`; approve: decided at once by the rule, exactly like a
-       person's decision (`decided_by = "rule:<name>"`); reviewers are not asked.
+    5. approve: decided at once by the rule, exactly like a person's decision (`decided_by =
+       "rule:<name>"`), and the session keeps running; reviewers are not asked. Else the session
+       is `awaiting_approval`.
     """
     verdict = rules.decide(agent.org, agent, session, tool, call.args)
     rule = verdict.rule
@@ -231,11 +232,10 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
         granted = _granted(agent, session, tool, effect, approval)
         if granted is not None:
             return granted
-    session.await_approval(actor=f"agent:{agent.name}")
     if rule is not None and rule.outcome == rules.Rule.Outcome.APPROVE:
-        approval.approve(rule=rule.name, reason=rule.message or f"Approved by rule {rule.name}.")
-        effect.state = Effect.State.APPROVED
+        approval.approve_at_once(effect, f"{RULE_PREFIX}{rule.name}", rule.message or f"Approved by rule {rule.name}.")
     else:
+        session.await_approval(actor=f"agent:{agent.name}")
         notify.approval_requested(approval)
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
     if approval.decision:

@@ -366,21 +366,34 @@ class Session(models.Model):
             self.move({self.State.FAILED}, self.State.COMPENSATING, actor=actor, reason="rolling back")
             self.begin_walk(actor)
 
+    @staticmethod
+    def kept_alive(cutoff) -> models.Q:
+        """What keeps a silent run from being abandoned (for a queryset of sessions): an effect
+        moved since the cutoff, a call waiting for a reviewer, or an approved call its tool's
+        executor runs (the worker's to finish: its retries may be an hour apart)."""
+        effects = Effect.objects.filter(session=models.OuterRef("pk"))
+        return (models.Q(models.Exists(effects.filter(updated__gte=cutoff)))
+                | models.Q(models.Exists(effects.filter(state=Effect.State.PENDING)))
+                | models.Q(models.Exists(effects.filter(state__in=[Effect.State.APPROVED, Effect.State.EXECUTING],
+                                                        tool__executor_url__gt=""))))
+
     def abandon(self, timeout_s: int, now) -> None:
         """The run went silent past its idle timeout (effects/abandon.py): fail it as abandoned,
         with a `session.abandoned` event, in one transaction. The guarded UPDATE restates the
-        silence (still running, no intercept and no effect moved since the cutoff, no call waiting
-        for a reviewer), so a call that lands first keeps the run alive (Conflict)."""
+        silence (still running, no intercept since the cutoff, nothing `kept_alive`), so a call
+        that lands first keeps the run alive (Conflict)."""
         cutoff = now - timedelta(seconds=timeout_s)
-        busy = Effect.objects.filter(models.Q(updated__gte=cutoff) | models.Q(state=Effect.State.PENDING),
-                                     session=models.OuterRef("pk"))
-        last = max([self.updated, *Effect.objects.filter(session=self).order_by("-updated")
-                    .values_list("updated", flat=True)[:1]])
+        # The sweep's read brings the newest effect's time along (`last_effect`); no query then.
+        last_effect = self.__dict__.get("last_effect", models.NOT_PROVIDED)
+        if last_effect is models.NOT_PROVIDED:
+            last_effect = Effect.objects.filter(session=self).order_by("-updated").values_list(
+                "updated", flat=True).first()
+        last = max(self.updated, last_effect or self.updated)
         silent_s = int((now - last).total_seconds())
         error = f"abandoned: no call for {silent_s} s (run_idle_timeout_s is {timeout_s} s)"
         with transaction.atomic():
             self.fail(error, ABANDON_ACTOR, allowed_from=frozenset({self.State.RUNNING}),
-                      guard=models.Q(updated__lt=cutoff) & ~models.Exists(busy))
+                      guard=models.Q(updated__lt=cutoff) & ~Session.kept_alive(cutoff))
             Event.record(self.org, "session.abandoned", agent=self.agent, session_id=self.pk, error=error,
                          silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=last.isoformat())
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -143,12 +143,9 @@ _TOP = f"SELECT {_TOP_COLUMNS} {_TOP_FROM} ORDER BY u.step_index DESC, u.created
 
 
 def _instance(model: type, values: tuple) -> Any:
-    """A model instance from a row of its concrete fields, as the ORM would load it (jsonb comes
-    back as text on Django's connection: its fields decode it)."""
-    fields = model._meta.concrete_fields
-    decoded = [f.from_db_value(v, None, connection) if isinstance(v, str) and hasattr(f, "from_db_value") else v
-               for f, v in zip(fields, values, strict=True)]
-    return model.from_db("default", [f.attname for f in fields], decoded)
+    """A model instance from a row of its concrete fields, as the ORM would load it."""
+    names = [f.attname for f in model._meta.concrete_fields]
+    return model.from_db("default", names, list(fastpath.loaded(model, names, values).values()))
 
 
 def _finish(session_id: uuid.UUID | str) -> None:

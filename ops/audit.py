@@ -77,6 +77,7 @@ def seal(org_id: uuid.UUID, batch: int = BATCH) -> int:
     2. Read the events not yet sealed since the last sealed one's time (minus SLACK), oldest first.
     3. Link each to the previous hash; write the records and the new head in the same transaction.
     """
+    AuditChain.objects.get_or_create(org_id=org_id)
     total = 0
     while True:
         sealed = _seal_batch(org_id, batch)
@@ -86,7 +87,6 @@ def seal(org_id: uuid.UUID, batch: int = BATCH) -> int:
 
 
 def _seal_batch(org_id: uuid.UUID, batch: int) -> int:
-    AuditChain.objects.get_or_create(org_id=org_id)
     with transaction.atomic():
         chain = AuditChain.objects.select_for_update().get(pk=org_id)
         events = list(_unsealed(chain)[:batch])

@@ -66,6 +66,16 @@ def outsider(db) -> Persona:
     return make_persona("globex")
 
 
+@pytest.fixture
+def staff(db):
+    """A Django test client logged in as a superuser: the operator in the admin."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "root@x.io", "pw-root"))
+    return client
+
+
 STANDARD_TOOLS = [
     {"name": "list_inactive_accounts", "tier": "safe", "cost_weight": 0.01},
     {"name": "send_email", "tier": "compensable",

@@ -375,6 +375,8 @@ if LOG_FORMAT not in ("text", "json"):
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
 # Celery logs through these handlers, not its own (its periodic tasks' lines are DEBUG below).
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Loggers that say something on every task or tick: heard only when debugging.
+_CHATTY = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -389,9 +391,9 @@ LOGGING = {
         "django.db.backends": {"level": "INFO", "handlers": ["console"], "propagate": False},
         # A line per received and finished task, and per beat tick: every 2 s from the sweeps, they
         # buried everything else. Shown again with LOG_LEVEL=DEBUG.
-        "celery.app.trace": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
-        "celery.worker.strategy": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
-        "celery.beat": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        "celery.app.trace": {"level": _CHATTY},
+        "celery.worker.strategy": {"level": _CHATTY},
+        "celery.beat": {"level": _CHATTY},
         # The servers' own lines and Django's in the same format (one JSON object per line under
         # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
         "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
@@ -399,10 +401,10 @@ LOGGING = {
         **{name: {"handlers": ["console"], "propagate": False}
            for name in ("uvicorn", "uvicorn.error", "gunicorn.error")},
         # A line per request: the proxy in front logs those; LOG_LEVEL=DEBUG shows them here.
-        **{name: {"handlers": ["console"], "level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING",
+        **{name: {"handlers": ["console"], "level": _CHATTY,
                   "propagate": False} for name in ("uvicorn.access", "gunicorn.access")},
         # Connected, mingle: start-up chatter that would push `make run`'s summary off screen
         # (celery.apps.worker's one "ready" line stays: the tests wait for it).
-        "celery.worker.consumer": {"level": "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"},
+        "celery.worker.consumer": {"level": _CHATTY},
     },
 }

@@ -4,22 +4,12 @@ add, change and delete through the admin is audited like the API's."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from approvals.models import Rule, RuleChange
 
 pytestmark = pytest.mark.django_db
 
 RULES = "/admin/approvals/rule/"
-
-
-@pytest.fixture
-def staff() -> Client:
-    user = get_user_model().objects.create_superuser("root", "root@x.io", "pw-root")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def form(acme, **fields) -> dict:

@@ -4,8 +4,6 @@ use, and each function's recent attempts and failure rate."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 from django.utils import timezone
 
 from effects.models import CompensationFunction, Tool, UndoAttempt
@@ -14,14 +12,6 @@ from tests.effects.conftest import build_stack
 pytestmark = pytest.mark.django_db
 
 FNS = "/admin/effects/compensationfunction/"
-
-
-@pytest.fixture
-def staff() -> Client:
-    user = get_user_model().objects.create_superuser("root", "root@x.io", "pw-root")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

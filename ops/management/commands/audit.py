@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from ops import audit
-from orgs.models import Organization
+from ops.management import orgs_named
 
 
 class Command(BaseCommand):
@@ -16,11 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--org", help="The org's slug (default: every org).")
 
     def handle(self, *args, action: str, org: str | None = None, **options) -> None:
-        orgs = Organization.objects.order_by("slug")
-        if org:
-            orgs = orgs.filter(slug=org)
-            if not orgs.exists():
-                raise CommandError(f"No organization with the slug {org!r}.")
+        orgs = orgs_named(org)
         broken = 0
         for each in orgs:
             if action == "seal":

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
 from ops import retention
-from orgs.models import Organization
+from ops.management import orgs_named
 
 
 class Command(BaseCommand):
@@ -16,11 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--org", help="The org's slug (default: every org).")
 
     def handle(self, *args, dry_run: bool = False, org: str | None = None, **options) -> None:
-        orgs = Organization.objects.order_by("slug")
-        if org:
-            orgs = orgs.filter(slug=org)
-            if not orgs.exists():
-                raise CommandError(f"No organization with the slug {org!r}.")
+        orgs = orgs_named(org)
         verb = "would archive and delete" if dry_run else "archived and deleted"
         for each in orgs:
             counts = retention.purge(each, dry_run=dry_run)
