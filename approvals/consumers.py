@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from approvals.models import EVENT_KINDS
-from core.fanout import group_name
+from core.fanout import SESSION_UPDATES, group_name
 from orgs.auth import resolve_membership
 from orgs.models import Membership
 
@@ -71,7 +71,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         """Ignore group messages of a kind this consumer has no handler for (a newer server
         may publish kinds an older one does not know): drop them, keep the socket open."""
         kind = message.get("type", "")
-        if not isinstance(kind, str) or (not kind.startswith("websocket.") and kind not in EVENT_HANDLERS):
+        if not isinstance(kind, str) or (not kind.startswith("websocket.") and kind not in GROUP_KINDS):
             log.debug("dashboard consumer ignores a %r message", kind)
             return
         await super().dispatch(message)
@@ -129,6 +129,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def session_updated(self, message: dict) -> None:
         await self.forward(message)
 
+    async def session_updates(self, message: dict) -> None:
+        """One window's `session.updated` payloads of this org (core/fanout.py): one frame each,
+        as the page knows them."""
+        for payload in message.get("payloads") or []:
+            await self.send_json({"type": "session.updated", "payload": payload})
+
     async def grant_issued(self, message: dict) -> None:
         await self.forward(message)
 
@@ -150,3 +156,4 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)
+GROUP_KINDS = EVENT_HANDLERS | {SESSION_UPDATES}

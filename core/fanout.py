@@ -69,6 +69,18 @@ class Message(TypedDict):
     text: NotRequired[str]
 
 
+# The group message carrying one window's `session.updated` payloads of one org: a consumer sends
+# each to its page as its own `session.updated`. Internal to the server (never a page's kind): one
+# group send per org per window instead of one per session, each two Redis round trips even when
+# no page is open (~0.15 ms of a worker's CPU per intercept under load, measured).
+SESSION_UPDATES = "session.updates"
+
+
+class SessionUpdatesMessage(TypedDict):
+    type: str  # SESSION_UPDATES
+    payloads: list[SessionUpdatedPayload]
+
+
 def group_name(org_id: Any) -> str:
     return f"org.{org_id}"
 
@@ -94,12 +106,12 @@ MAX_SESSION_CHANGES = 20
 
 class SessionUpdates:
     """Coalesces run changes into at most one `session.updated` per session per window, and
-    publishes them from a background thread.
+    publishes them from a background thread, one group message per org.
 
     `add()` is what a committed transaction calls (through `effects.models.announce`): it only
     updates a dict under a lock, with no query and no network, so the intercept and commit
     paths do not get slower. The thread waits `window_s` after the first change of a burst,
-    then sends one message per session that moved, on its own event loop (the Redis layer
+    then sends one message per org whose runs moved, on its own event loop (the Redis layer
     keeps a connection pool per loop, so the pool is reused from one batch to the next).
     A message the layer drops is not lost for good: pages re-read on every (re)connect.
     """
@@ -149,17 +161,20 @@ class SessionUpdates:
         return batch
 
     async def send(self, batch: list[SessionUpdatedPayload]) -> int:
-        """Publish each payload to its org's group; the number sent. Never raises."""
+        """Publish the payloads, one group message per org; the number of payloads sent. Never raises."""
         layer = get_channel_layer()
         if layer is None:
             return 0
-        sent = 0
+        by_org: dict[str, list[SessionUpdatedPayload]] = {}
         for payload in batch:
+            by_org.setdefault(payload["org"], []).append(payload)
+        sent = 0
+        for org, payloads in by_org.items():
             try:
-                await layer.group_send(group_name(payload["org"]), Message(type="session.updated", payload=payload))
-                sent += 1
+                await layer.group_send(group_name(org), SessionUpdatesMessage(type=SESSION_UPDATES, payloads=payloads))
+                sent += len(payloads)
             except Exception:  # Redis down: the pages catch up when they reconnect
-                log.exception("could not publish session.updated for session %s", payload["session"])
+                log.exception("could not publish session.updated for %d runs of org %s", len(payloads), org)
         return sent
 
     def flush(self) -> int:

@@ -15,7 +15,7 @@ from tests.conftest import make_persona
 
 
 def listen(groups: list[str], act, *, expect: int, quiet_s: float = 0.3,
-           skip: frozenset[str] = frozenset({"session.updated"})) -> dict[str, list[dict]]:
+           skip: frozenset[str] = frozenset({"session.updates"})) -> dict[str, list[dict]]:
     """Join `groups`, run `act()` (sync, in the test's thread), and collect messages per group
     until `expect` arrived and then `quiet_s` passed without another. Kinds in `skip` are left
     out (the runs' own `session.updated` nudges are tested in tests/dashboard)."""

@@ -3,16 +3,18 @@ channel layer and websocket, coalesced, after commit, and without a query on the
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals import events
 from effects.models import Effect, Session
-from tests.conftest import intercept
+from tests.conftest import intercept, open_session
 from tests.dashboard.conftest import connected, cookie_of
 from tests.effects.conftest import build_stack
 from tests.effects.test_query_counts import statements
@@ -136,6 +138,51 @@ def test_a_burst_of_transitions_is_coalesced_not_one_message_each(acme, tools, s
     window_s = events.settings.UNDOLOG_SESSION_UPDATE_WINDOW_MS / 1000
     assert len(payloads) <= took / window_s + 2, (len(payloads), took)
     assert len(payloads) < transitions
+
+
+def test_runs_of_one_org_moving_in_one_window_are_one_group_message_and_a_frame_each(acme, tools, session_id):
+    """The fan-out sends one group message per org per window (each group send is Redis round
+    trips a worker pays even with no page open); the page still gets one session.updated per run."""
+    other = open_session(acme)
+    cookie = cookie_of(acme.viewer.user)
+    group = events.group_name(acme.org.id)
+
+    def move_both() -> None:
+        with transaction.atomic():  # both announcements land together, after the commit
+            for session in (session_id, other):
+                intercept(acme, session, "send_email", {"to": "a@x.io"}, 1)
+        events.session_updates.flush()  # the window closes now, in this thread
+
+    async def scenario():
+        layer = get_channel_layer()
+        listener = await layer.new_channel()
+        await layer.group_add(group, listener)
+        socket = await connected(cookie)
+        await drain(socket)
+        await drain_group(layer, listener)  # the runs' creation
+        await sync_to_async(move_both)()
+        messages = await drain_group(layer, listener)
+        received = await drain(socket)
+        await socket.disconnect()
+        await layer.group_discard(group, listener)
+        return messages, received
+
+    messages, received = run(scenario)
+
+    assert [m["type"] for m in messages] == ["session.updates"]
+    assert sorted(p["session"] for p in messages[0]["payloads"]) == sorted([session_id, other])
+    assert {m["type"] for m in received} == {"session.updated"}
+    assert sorted(p["session"] for p in updates(received)) == sorted([session_id, other])
+
+
+async def drain_group(layer, channel: str, quiet_s: float = 0.4) -> list[dict]:
+    """Every group message the channel receives until it stays quiet for `quiet_s`."""
+    received = []
+    while True:
+        try:
+            received.append(await asyncio.wait_for(layer.receive(channel), quiet_s))
+        except TimeoutError:
+            return received
 
 
 def test_a_long_burst_lists_the_first_changes_and_counts_the_rest(acme, tools, session_id):
