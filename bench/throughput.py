@@ -36,7 +36,10 @@ function init(args) n = offset * 10000000 + %(round)d * 1000000 end  -- no two r
 function request()
   n = n + 1
   local headers = {["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json"}
-  local item = items[(n %% #items) + 1]
+  -- Each thread calls its own share of the sessions in turn: a run's calls come one after
+  -- another, as an agent makes them, not two at once from two clients.
+  local share = math.max(1, math.floor(#items / %(threads)d))
+  local item = items[((offset - 1) * share) %% #items + (n %% share) + 1]
   if kind == "baseline" then return wrk.format("POST", "/bench/baseline", headers, "") end
   if kind == "intercept" then
     return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,

@@ -14,10 +14,9 @@ from rest_framework.response import Response
 
 from approvals.models import ApprovalRequest
 from budgets.bodies import budget_body
-from core import observe
 from core.outbound import check_target
 from core.schema import constrain, errors, ok
-from effects import claims, fastpath, longpoll, shapes
+from effects import claims, longpoll, shapes
 from effects import intercept as pipeline
 from effects.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
 from effects.models import (
@@ -346,20 +345,6 @@ class SessionViewSet(OrgScopedViewSet):
         sessions = queryset.filter(org=caller.org)
         return sessions.filter(agent=caller.agent) if caller.agent else sessions
 
-    def dispatch(self, request, *args, **kwargs):
-        if self.action_map.get(request.method.lower()) == "intercept":
-            # Its span and metrics (core/observe.py) around whichever path answers.
-            return observe.intercept(request, kwargs["pk"], lambda: self._intercept(request, *args, **kwargs))
-        return super().dispatch(request, *args, **kwargs)
-
-    def _intercept(self, request, *args, **kwargs):
-        # The hot path first: one statement when it can answer, else DRF and the full pipeline.
-        if fastpath.available():
-            answer = fastpath.intercept(request, kwargs["pk"])
-            if answer is not None:
-                return answer
-        return super().dispatch(request, *args, **kwargs)
-
     def get_permissions(self):
         if self.action in ("create", "intercept", "complete"):
             return [IsAgent()]
@@ -483,13 +468,6 @@ class EffectViewSet(OrgScopedViewSet):
     def scope(self, queryset, caller):
         effects = queryset.filter(org=caller.org)
         return effects.filter(session__agent=caller.agent) if caller.agent else effects
-
-    def dispatch(self, request, *args, **kwargs):
-        if self.action_map.get(request.method.lower()) == "commit" and fastpath.available():
-            answer = fastpath.commit(request, kwargs["pk"])
-            if answer is not None:
-                return answer
-        return super().dispatch(request, *args, **kwargs)
 
     def get_permissions(self):
         if self.action in ("commit", "fail", "start"):

@@ -44,7 +44,7 @@ from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
 from core import ratelimit
 from effects import intercept as pipeline
 from effects import longpoll
-from effects.models import Effect, Tier, Tool, UndoEntry, announce, canonical_json, sha256
+from effects.models import Effect, Tier, Tool, UndoEntry, announce
 from orgs.models import AgentKey, Organization, RememberedKey
 from undolog_site.errors import DomainError
 from undolog_site.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
@@ -147,7 +147,9 @@ def _json_body(request) -> Any:
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
     # orjson writes what DRF's renderer writes for these bodies (compact UTF-8; every value is
     # already a str, number, bool, None or the caller's own JSON), ~5x faster.
-    response = HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
+    content = orjson.dumps(body)
+    response = HttpResponse(content, status=status, content_type="application/json")
+    response["Content-Length"] = str(len(content))  # CommonMiddleware's, which this answer passes by
     response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients
     return response
 
@@ -402,7 +404,7 @@ def _replay(existing: list, call: pipeline.Call, session: uuid.UUID) -> HttpResp
     if effect.tier != Tier.COMPENSABLE:
         return None  # an irreversible replay carries its approval: the pipeline builds that
     if call.idempotency_key and (effect.tool_name != call.tool or
-                                 effect.args_digest != sha256(canonical_json(call.args))):
+                                 effect.args_digest != call.args_digest):
         return None  # the pipeline answers 409 idempotency_key_reused
     return _respond(200, {"decision": "replay", "effect": effect.as_dict()})
 

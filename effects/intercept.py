@@ -50,6 +50,11 @@ class Call:
     reasoning: str = ""
     idempotency_key: str = ""
     safe_calls: list[ReportedSafeCall] = field(default_factory=list)
+    args_json: str = ""  # canonical_json(args), written once by parse: the size check, signature and digest read it
+
+    @property
+    def args_digest(self) -> str:
+        return sha256(self.args_json or canonical_json(self.args))
 
 
 @dataclass
@@ -95,9 +100,10 @@ def parse(data: Any) -> Call:
     tool, args, step = data.get("tool"), data.get("args", {}), data.get("step_index")
     if not isinstance(tool, str) or not tool.strip() or len(tool) > 200:
         errors["tool"] = "A tool name (a non-empty string of at most 200 characters) is required."
+    args_json = canonical_json(args) if isinstance(args, dict) else ""
     if not isinstance(args, dict):
         errors["args"] = "Must be a JSON object of the call's arguments."
-    elif len(canonical_json(args).encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
+    elif len(args_json.encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
         errors["args"] = f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
     if not _is_index(step):
         errors["step_index"] = "A non-negative integer is required."
@@ -110,7 +116,7 @@ def parse(data: Any) -> Call:
     if errors:
         raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
     return Call(tool=tool, args=args, step_index=step, reasoning=reasoning, idempotency_key=key,
-                safe_calls=safe_calls)
+                safe_calls=safe_calls, args_json=args_json)
 
 
 def parse_safe_calls(data: Any) -> list[ReportedSafeCall]:
@@ -141,7 +147,9 @@ def call_signature(session: Session, call: Call) -> str:
 def signature_of(session_id: Any, call: Call) -> str:
     if call.idempotency_key:
         return sha256(canonical_json([str(session_id), "idempotency_key", call.idempotency_key]))
-    return sha256(canonical_json([str(session_id), call.tool, call.args]))
+    # canonical_json([str(session_id), call.tool, call.args]), with the args' part already written
+    args_json = call.args_json or canonical_json(call.args)
+    return sha256(f"[{canonical_json(str(session_id))},{canonical_json(call.tool)},{args_json}]")
 
 
 def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:
@@ -316,7 +324,7 @@ def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools
 
 def _replay(existing: Effect, call: Call) -> Answer:
     if call.idempotency_key and (existing.tool_name != call.tool or
-                                 existing.args_digest != sha256(canonical_json(call.args))):
+                                 existing.args_digest != call.args_digest):
         raise Conflict("This idempotency_key was already used for a different call.",
                        code="idempotency_key_reused", effect=existing.as_dict())
     body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
@@ -386,7 +394,7 @@ def effect_values(org_id: Any, session_id: Any, tool: Tool, call: Call, signatur
     return {
         "org_id": org_id, "session_id": session_id, "tool_id": tool.pk, "tool_name": tool.name, "tier": tool.tier,
         "step_index": call.step_index, "call_signature": signature, "idempotency_key": call.idempotency_key,
-        "args": call.args, "args_digest": sha256(canonical_json(call.args)), "reasoning": call.reasoning,
+        "args": call.args, "args_digest": call.args_digest, "reasoning": call.reasoning,
         "state": initial,
         "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
     }

@@ -184,3 +184,19 @@ def test_only_the_first_caller_may_start_an_approved_effect(acme, session_id):
     assert first.json()["effect"]["state"] == "executing"
     assert second.status_code == 409
     assert second.json()["error"] == "effect_state_conflict"
+
+
+def test_the_signature_and_digest_are_the_canonical_json_of_the_call_however_the_args_are_written(acme, session_id):
+    """The fast path writes the args' canonical JSON once and builds the signature around it: the
+    result must stay what hashing canonical_json([session, tool, args]) gives (stored signatures
+    from before must keep matching their replays)."""
+    from effects.intercept import parse
+    from effects.models import canonical_json, sha256
+
+    args = {"to": "zoë@x.io", "cc": ["ß", {"z": 1, "a": [None, True, 1.5]}], "subject": "\u2028hi \"there\""}
+    response = intercept(acme, session_id, "send_email", dict(reversed(list(args.items()))), 1)
+
+    effect = Effect.objects.get(pk=response.json()["effect"]["id"])
+    assert effect.call_signature == sha256(canonical_json([session_id, "send_email", args]))
+    assert effect.args_digest == sha256(canonical_json(args))
+    assert parse({"tool": "send_email", "args": args, "step_index": 1}).args_digest == effect.args_digest

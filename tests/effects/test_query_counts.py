@@ -78,3 +78,45 @@ def test_the_fast_path_answers_exactly_as_the_pipeline_does(acme, session_id):
     assert two["undo_entry"]["effect"] == two["effect"]["id"]
     committed = acme.api.post(f"/api/v1/effects/{two['effect']['id']}/commit", {"result": None}, format="json")
     assert committed.status_code == 200 and committed.json()["effect"]["result"] is None
+
+
+# What the middleware below undolog_site.middleware.FastPathMiddleware adds that DRF's Response
+# alone explains (content negotiation): a fast answer has no DRF Response, so none of these.
+DRF_ONLY = {"Vary", "Allow"}
+
+
+def test_the_fast_answers_carry_every_header_the_whole_middleware_chain_gives_the_pipelines(acme, session_id):
+    """The fast path answers before most middleware runs: it must not lose a header (the security
+    ones, the request id, Content-Length) that the chain gives the pipeline's answer."""
+    from orgs import models
+
+    models._REMEMBERED.clear()
+    slow = intercept(acme, session_id, "send_email", {"to": "a@x.io"}, 1)
+    fast = intercept(acme, session_id, "send_email", {"to": "b@x.io"}, 2)
+    models._REMEMBERED.clear()
+    slow_commit = acme.api.post(f"/api/v1/effects/{slow.json()['effect']['id']}/commit", {"result": None},
+                                format="json")
+    fast_commit = acme.api.post(f"/api/v1/effects/{fast.json()['effect']['id']}/commit", {"result": None},
+                                format="json")
+
+    for pipeline, answer in ((slow, fast), (slow_commit, fast_commit)):
+        assert answer.get("X-Undolog-Path") == ("fast" if FAST else None)
+        assert set(pipeline.headers) - DRF_ONLY <= set(answer.headers), set(pipeline.headers) - set(answer.headers)
+        same = ("X-Content-Type-Options", "Referrer-Policy", "Cross-Origin-Opener-Policy", "X-Frame-Options",
+                "Content-Type")
+        assert {h: answer.get(h) for h in same} == {h: pipeline.get(h) for h in same}
+        assert int(answer["Content-Length"]) == len(answer.content)
+        assert answer["X-Request-ID"] and answer["X-Request-ID"] != pipeline["X-Request-ID"]
+
+
+def test_a_host_the_server_does_not_serve_is_refused_on_the_fast_route_too_and_nothing_is_written(acme, session_id):
+    from effects.models import Effect
+
+    intercept(acme, session_id, "send_email", {"to": "first@x.io"}, 1)  # the key is remembered: fast from here
+
+    refused = acme.api.post(f"/api/v1/sessions/{session_id}/intercept",
+                            {"tool": "send_email", "args": {"to": "a@x.io"}, "step_index": 2}, format="json",
+                            HTTP_HOST="evil.example")
+
+    assert refused.status_code == 400
+    assert Effect.objects.filter(session_id=session_id).count() == 1
