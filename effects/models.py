@@ -452,7 +452,10 @@ class SessionTransition(models.Model):
 class SafeCall(models.Model):
     """A SAFE call the SDK ran at once and reported with a later request."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="safe_calls", editable=False)
+    # No index of its own: safe_call_step below leads with it (a second one cost every report
+    # an index write, and the planner sometimes picked it, filtering the run's every SAFE call).
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="safe_calls", editable=False,
+                                db_index=False)
     tool_name = models.CharField(max_length=200, editable=False)
     step_index = models.PositiveIntegerField(editable=False)
     args = models.JSONField(default=dict, editable=False)
