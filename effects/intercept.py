@@ -50,11 +50,15 @@ class Call:
     reasoning: str = ""
     idempotency_key: str = ""
     safe_calls: list[ReportedSafeCall] = field(default_factory=list)
-    args_json: str = ""  # canonical_json(args), written once by parse: the size check, signature and digest read it
+    args_json: str = ""  # canonical_json(args), written once: the size check, signature and digest read it
+
+    def __post_init__(self) -> None:
+        if not self.args_json:
+            self.args_json = canonical_json(self.args)
 
     @property
     def args_digest(self) -> str:
-        return sha256(self.args_json or canonical_json(self.args))
+        return sha256(self.args_json)
 
 
 @dataclass
@@ -148,8 +152,7 @@ def signature_of(session_id: Any, call: Call) -> str:
     if call.idempotency_key:
         return sha256(canonical_json([str(session_id), "idempotency_key", call.idempotency_key]))
     # canonical_json([str(session_id), call.tool, call.args]), with the args' part already written
-    args_json = call.args_json or canonical_json(call.args)
-    return sha256(f"[{canonical_json(str(session_id))},{canonical_json(call.tool)},{args_json}]")
+    return sha256(f"[{canonical_json(str(session_id))},{canonical_json(call.tool)},{call.args_json}]")
 
 
 def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:
