@@ -377,12 +377,16 @@ class SessionViewSet(OrgScopedViewSet):
         return Response(session_dict(self.get_object(), full=True))
 
     @extend_schema(operation_id="v1_sessions_list", summary="List sessions (newest 100)", tags=["sessions"],
-                   parameters=[OpenApiParameter("state", str, description="Only sessions in this state.")],
+                   parameters=[OpenApiParameter("state", str, enum=[*Session.State.values, ""],
+                                                description="Only sessions in this state. Empty: every state.")],
                    responses=ok(shapes.SessionListDict))
     def list(self, request: Request) -> Response:
         sessions = self.get_queryset()
         state = request.query_params.get("state")
         if state:
+            if state not in Session.State.values:
+                raise Invalid({"state": f"One of {', '.join(Session.State.values)}."},
+                              f"state must be one of {', '.join(Session.State.values)}.")
             sessions = sessions.filter(state=state)
         return Response({"sessions": [session_dict(s) for s in sessions.order_by("-created")[:100]]})
 

@@ -24,6 +24,8 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -52,9 +54,20 @@ from undolog_site.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 _CONFIGS: dict[uuid.UUID, OrgConfig] = {}
 
 
+def _dumps(value: Any) -> bytes:
+    """JSON by orjson (~5x the standard library), written as DRF's renderer writes it (compact
+    UTF-8). orjson refuses integers past 64 bits, which the API's own parser accepts: a tool's
+    compensation args or a call's args stored by the full pipeline may hold one, so those values
+    are written by the standard library instead of failing."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _jsonb(value: Any) -> Jsonb:
-    """A jsonb parameter dumped by orjson rather than the standard library (~5x faster)."""
-    return Jsonb(value, dumps=orjson.dumps)
+    """A jsonb parameter dumped by `_dumps` rather than psycopg's standard library default."""
+    return Jsonb(value, dumps=_dumps)
 
 
 @dataclass
@@ -128,8 +141,9 @@ def _remembered_key(request) -> RememberedKey | None:
 def _json_body(request) -> Any:
     """The body, parsed by orjson (~10x DRF's parser), under the API parser's nesting and NUL
     rules; None when the slow path must answer. orjson refuses a little more than DRF's parser
-    (integers past 64 bits, lone surrogates): those too go to the slow path, which decides as
-    always, so the fast path never answers differently, it only answers less."""
+    (lone surrogates), and reads an integer past 64 bits as a float, losing digits: those too go
+    to the slow path, which decides as always, so the fast path never answers differently, it
+    only answers less."""
     if request.content_type != "application/json":
         return None
     try:
@@ -141,13 +155,34 @@ def _json_body(request) -> Any:
         return None
     if b"\\u0000" in raw and has_nul(data):
         return None
+    if _NINETEEN_DIGITS.search(raw) and has_inexact_number(data):
+        return None
     return data
 
 
+# Every integer of up to 18 digits fits 64 bits; orjson reads a longer one past 64 bits as a float.
+_NINETEEN_DIGITS = re.compile(rb"\d{19}")
+
+
+def has_inexact_number(data: Any) -> bool:
+    """Whether `data` holds a float of 2**63 or more: orjson's reading of an integer it could not
+    keep (or a float that large, which the slow path reads just as well). Iterative."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float):
+            if abs(value) >= 2.0**63:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
-    # orjson writes what DRF's renderer writes for these bodies (compact UTF-8; every value is
-    # already a str, number, bool, None or the caller's own JSON), ~5x faster.
-    content = orjson.dumps(body)
+    # Every value is already a str, number, bool, None or JSON that was stored.
+    content = _dumps(body)
     response = HttpResponse(content, status=status, content_type="application/json")
     response["Content-Length"] = str(len(content))  # CommonMiddleware's, which this answer passes by
     response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients

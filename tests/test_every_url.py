@@ -19,7 +19,7 @@ from tests.conftest import intercept, make_persona, open_session, register_stand
 from undolog_site.parsers import MAX_JSON_DEPTH
 
 CANARY = "canary-7f3e91"  # in the first org's data: it must never appear in an answer to the other org
-MALFORMED = ["-" * 36, "not-a-uuid", "0" * 35 + "g", "%C3%A9t%C3%A9", "x" * 300]
+MALFORMED = ["-" * 36, "not-a-uuid", "0" * 35 + "g", "%C3%A9t%C3%A9", "x" * 300, "nul%00byte"]
 REGEX_GROUP = re.compile(r"\(\?P<(\w+)>[^)]*\)")
 CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
 
@@ -158,6 +158,25 @@ def test_it_answers_every_parameterless_url_without_a_5xx(first, other):
         path = concrete(route, "")
         for who, client in callers(other).items():
             assert_safe(client.get(path), who, "GET", path, secrets)
+
+
+def test_it_refuses_a_nul_in_any_urls_path_or_query_with_a_400(first, other):
+    # PostgreSQL stores no NUL in text: a lookup or filter by one must never reach the database.
+    filters = "?state=%00&kind=a%00&agent=%00&session=%00&cursor=%00&limit=%00&q=%00"
+    before = state_of(other)
+    walked = 0
+    for route, has_params in routes():
+        if "logout" in route:
+            continue
+        path = concrete(route, "nul%00byte") if has_params else concrete(route, "") + filters
+        for who, client in callers(other).items():
+            response = client.get(path)
+            assert response.status_code == 400, f"{who} GET {path}: {response.status_code} {response.content[:200]!r}"
+            if path.startswith("/api/"):
+                assert response.json()["error"] == "invalid" and "NUL" in response.json()["message"]
+            walked += 1
+    assert walked > 100
+    assert state_of(other) == before
 
 
 def nested(depth: int) -> object:

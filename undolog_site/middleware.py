@@ -9,10 +9,11 @@ import re
 import psycopg
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from core import observe
 from effects import fastpath
+from undolog_site import logs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,26 @@ class DatabaseUnavailableMiddleware:
                                             "Retry shortly."}, status=503)
         response["Retry-After"] = str(settings.UNDOLOG_DATABASE_RETRY_AFTER_S)
         return response
+
+
+class NulRefusedMiddleware:
+    """A path or query string holding NUL (`%00`) is refused with 400 `invalid` before any view
+    sees it: PostgreSQL stores no NUL in text, so a lookup or filter by such a value would end
+    as a DataError (a 500). No real name, id or filter contains one. Bodies are refused the same
+    way by the JSON parser (undolog_site/parsers.py)."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        query = request.META.get("QUERY_STRING", "")
+        if "\x00" in request.path_info or "%00" in query or "\x00" in query:
+            message = "The path and the query string may not contain the NUL character (%00)."
+            if request.path_info.startswith("/api/"):
+                return JsonResponse({"error": "invalid", "message": message, "request_id": logs.current()},
+                                    status=400)
+            return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
+        return self.get_response(request)
 
 
 class ContentSecurityPolicyMiddleware:

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "undolog_site.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
     "undolog_site.middleware.DatabaseUnavailableMiddleware",
+    "undolog_site.middleware.NulRefusedMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "undolog_site.middleware.ContentSecurityPolicyMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

@@ -200,3 +200,36 @@ def test_the_signature_and_digest_are_the_canonical_json_of_the_call_however_the
     assert effect.call_signature == sha256(canonical_json([session_id, "send_email", args]))
     assert effect.args_digest == sha256(canonical_json(args))
     assert parse({"tool": "send_email", "args": args, "step_index": 1}).args_digest == effect.args_digest
+
+
+def test_integers_past_64_bits_in_args_results_and_compensations_are_kept_exactly(acme, session_id):
+    """The API's JSON parser takes integers of any size; orjson, which the fast path writes
+    with, refuses those past 64 bits. A call holding one, a tool whose compensation holds one,
+    and the commit and replay of such calls must answer as any other, with the numbers intact."""
+    big = 2**70 + 1
+    registered = acme.api.post("/api/v1/tools", {"tools": [{
+        "name": "charge_card", "tier": "compensable",
+        "compensation": {"fn_name": "undo_send_email", "fn_version": "1.0.0",
+                         "args": {"to": "{to}", "ledger": big}}}]}, format="json")
+    assert registered.status_code == 200, registered.content
+
+    # a plain call whose undo entry holds the big number (the fast path can take it)
+    plain = intercept(acme, session_id, "charge_card", {"to": "a@x.io"}, 1)
+    assert plain.status_code == 201, plain.content
+    assert plain.json()["undo_entry"]["args"] == {"to": "a@x.io", "ledger": big}
+    committed = acme.api.post(f"/api/v1/effects/{plain.json()['effect']['id']}/commit", {"result": big}, format="json")
+    assert committed.status_code == 200, committed.content
+    assert committed.json()["effect"]["result"] == big
+
+    # a call whose own args hold it (taken by the full pipeline), then committed and replayed
+    held = intercept(acme, session_id, "charge_card", {"to": "b@x.io", "amount": big}, 2)
+    assert held.status_code == 201, held.content
+    effect_id = held.json()["effect"]["id"]
+    committed = acme.api.post(f"/api/v1/effects/{effect_id}/commit", {}, format="json")
+    assert committed.status_code == 200, committed.content
+    assert committed.json()["effect"]["args"] == {"to": "b@x.io", "amount": big}
+    replayed = intercept(acme, session_id, "charge_card", {"to": "b@x.io", "amount": big}, 2)
+    assert replayed.status_code == 200, replayed.content
+    assert replayed.json()["decision"] == "replay"
+    assert replayed.json()["effect"]["args"]["amount"] == big
+    assert UndoEntry.objects.get(effect_id=effect_id).args == {"to": "b@x.io", "ledger": big}
