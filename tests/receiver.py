@@ -39,7 +39,8 @@ def always_ok(delivery: Delivery) -> tuple[int, float]:
 
 
 class Receiver:
-    def __init__(self, secrets: list[str] | None = None, behaviour: Behaviour = always_ok) -> None:
+    def __init__(self, secrets: list[str] | None = None, behaviour: Behaviour = always_ok, *,
+                 keep_alive: bool = False) -> None:
         self.secrets = secrets  # None: accept unsigned (tests that do not care about signatures)
         self.behaviour = behaviour
         self.lock = threading.Lock()
@@ -50,7 +51,7 @@ class Receiver:
         self.duplicates: Counter[str] = Counter()  # 2xx redeliveries of an applied key (deduped)
         self.order: list[str] = []  # keys in the order their undo took effect
         self.own_ms: list[float] = []  # the receiver's own time per request (read → response written)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class(keep_alive))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -89,10 +90,17 @@ class Receiver:
             self.arrived.notify_all()
         return delivery, status, delay
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+    def _handler_class(self, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 keeps the connection open between requests, as a production receiver
+            # (behind nginx, a load balancer) does; HTTP/1.0 closes it after each answer.
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            # Headers and body leave in separate writes: on a kept connection Nagle would hold
+            # the body until the client's delayed ACK (~40 ms a request).
+            disable_nagle_algorithm = True
+
             def do_POST(self) -> None:
                 started = time.perf_counter()
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -139,7 +147,8 @@ def main() -> None:
     delay = float(sys.argv[4]) / 1000 if len(sys.argv) > 4 else 0.0
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with Receiver(secrets, behaviour=lambda d: (200, delay)) as receiver:
+    # Kept alive: the walker's pooled client then reuses one connection, as against a real receiver.
+    with Receiver(secrets, behaviour=lambda d: (200, delay), keep_alive=True) as receiver:
         port_file.write_text(str(receiver.server.server_address[1]))
         done.wait()
         with receiver.lock:
