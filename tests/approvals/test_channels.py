@@ -4,6 +4,7 @@ the full context; another org's group hears nothing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -95,3 +96,39 @@ def test_the_notifier_publishes_one_typed_message_to_the_group():
                                                       "agent.suspended", payload), expect=1)
 
     assert received[group] == [{"type": "agent.suspended", "payload": payload}]
+
+
+def test_a_burst_of_events_reaches_the_group_over_one_kept_redis_connection():
+    """Each publish used to run on a new event loop, and channels_redis keeps its pool per loop: a
+    connection opened and closed per message, in the request that recorded the event."""
+    import redis
+    from django.conf import settings
+
+    group = events.group_name("burst")
+    stats = redis.Redis.from_url(settings.REDIS_URL)  # one connection of its own, opened below
+
+    def connections_received() -> int:
+        return stats.info("stats")["total_connections_received"]
+
+    counted: list[int] = []
+
+    def burst() -> None:
+        events.publish("burst", "approval.requested", {"n": 0})  # the process's first: may connect
+        counted.append(connections_received())
+        for n in range(1, 20):
+            assert events.publish("burst", "approval.requested", {"n": n})
+        counted.append(connections_received())
+
+    def from_a_plain_thread() -> None:
+        # As a WSGI worker's request thread: no event loop of asgiref's to borrow.
+        thread = threading.Thread(target=burst)
+        thread.start()
+        thread.join()
+
+    try:
+        received = listen([group], from_a_plain_thread, expect=20, quiet_s=0.1)
+    finally:
+        stats.close()
+
+    assert [m["payload"]["n"] for m in received[group]] == list(range(20))
+    assert counted[1] - counted[0] == 0, f"{counted[1] - counted[0]} new Redis connections for 19 messages"
