@@ -56,13 +56,21 @@ class HttpAgent:
 
 
 def warmed(server: str, slug: str) -> tuple:
+    """Both workers' caches hold the key, the tools and the limits: from its second call on, each
+    worker answers from them (PostgreSQL; SQLite has no fast path). Which worker takes which call
+    is the kernel's choice (a quick worker may take both calls of a pair), so the calls go on in
+    pairs until four pairs in a row were all answered from the caches."""
     persona = make_persona(slug)
     register_budget_tools(persona)
     agent = HttpAgent(server, persona.key)
-    answers = agent.in_pairs("send_email") + agent.in_pairs("drop_table", pairs=2)
+    answers = agent.in_pairs("drop_table", pairs=2) + agent.in_pairs("send_email", pairs=2)
+    streak = 0
+    while FAST and streak < 4 and len(answers) < 60:
+        pair = agent.in_pairs("send_email", pairs=1)
+        answers += pair
+        streak = streak + 1 if {r.headers.get("X-Undolog-Path") for r in pair} == {"fast"} else 0
     assert {r.status_code for r in answers} == {201}
-    # From the second call of each worker on, the caches answer (PostgreSQL; SQLite has no fast path).
-    assert {r.headers.get("X-Undolog-Path") for r in answers[4:]} == ({"fast"} if FAST else {None})
+    assert streak == 4 if FAST else {r.headers.get("X-Undolog-Path") for r in answers} == {None}
     return persona, agent
 
 
