@@ -1,11 +1,12 @@
-"""Dashboard pages under load of data: the queue with 500 pending requests and a session page,
-with 10,000 sessions in the database, on PostgreSQL.
+"""Every dashboard page under load of data: the queue with 500 pending requests, an approval, a
+session page, the sessions list, agents, compensation failures, settings, rules, grants, the audit
+page (20,000 sealed events) and the org picker, with 10,000 sessions in the database, on PostgreSQL.
 
 Server time is the time Django takes to answer (middleware, view, queries, template), measured
 in-process with the test client, so the number is the server's and not the network's. It
 prints the median and p95 per page and the page's query count. Aim: under 100 ms.
 
-    python -m bench.dashboard [--sessions 10000] [--pending 500] [--requests 30]
+    python -m bench.dashboard [--sessions 10000] [--pending 500] [--events 20000] [--requests 30]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ BATCH = 1000
 STEPS_IN_SESSION = 60
 
 
-def seed(sessions: int, pending: int) -> dict[str, str]:
+def seed(sessions: int, pending: int, events: int = 20_000) -> dict[str, str]:
     """The org, an admin, three agents, `sessions` runs (`pending` of them held on an irreversible
     call with their approval request), and one rich run: SAFE calls, committed compensable calls
     with undo entries and attempts, transitions, a refusal and a held irreversible call."""
@@ -69,6 +70,7 @@ def seed(sessions: int, pending: int) -> dict[str, str]:
     _budgets(org, agents)
     rich = _rich_session(org, agents[0], send, delete)
     _failed_walks(org, agents[1], send, failures=20)
+    _policy(org, agents, user, events=events)
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -105,6 +107,33 @@ def _budgets(org, agents) -> None:
     DayCounter.objects.bulk_create(DayCounter(org=org, agent=agent, day=org.today(), tool_calls=100 * n,
                                               irreversible_calls=5 * n, cost=12 * n)
                                    for n, agent in enumerate(agents, start=1))
+
+
+def _policy(org, agents, user, *, events: int) -> None:
+    """What the rules, grants and audit pages read: 20 rules, 30 grants, and `events` audited
+    events of earlier days, sealed into the org's chain as the beat would have (a few left unsealed)."""
+    from django.utils import timezone
+
+    from approvals.models import Grant
+    from approvals.rules import Rule
+    from ops import audit
+    from orgs.models import Event
+
+    for n in range(20):
+        Rule.objects.create(org=org, name=f"rule-{n}", position=n, outcome=Rule.Outcome.REQUIRE if n % 2 else
+                            Rule.Outcome.DENY, condition=f'tool.name == "delete_account" && args.account_id == "a{n}"',
+                            message=f"Rule {n}.", mode=Rule.Mode.OBSERVE if n % 5 == 0 else Rule.Mode.ENFORCE)
+    now = timezone.now()
+    Grant.objects.bulk_create(Grant(org=org, agent=agents[n % 3], tool_name="delete_account", created_by=user,
+                                    created_by_label=user.get_username(), expires_at=now + timedelta(minutes=30 + n))
+                              for n in range(30))
+    Event.objects.bulk_create(
+        (Event(org=org, kind="approval.decided", agent=agents[n % 3], data={"n": n, "decision": "approved"},
+               created=now - timedelta(days=3, seconds=events - n), fanned_out_at=now) for n in range(events)),
+        batch_size=BATCH)
+    audit.seal(org.id)
+    Event.objects.bulk_create(Event(org=org, kind="approval.decided", agent=agents[0], data={"n": n}, created=now,
+                                    fanned_out_at=now) for n in range(5))
 
 
 def _failed_walks(org, agent, send, failures: int) -> None:
@@ -177,17 +206,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--pending", type=int, default=500)
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--events", type=int, default=20_000, help="audited events, sealed, behind the audit page")
     args = parser.parse_args(argv)
     setup_django()
     from django.test import Client
 
     started = time.monotonic()
-    made = seed(args.sessions, args.pending)
+    made = seed(args.sessions, args.pending, args.events)
     # Measured in the process that seeded: its leftovers out of the collector's sight, as a
     # server process's loaded code is (undolog_site/wsgi.py freezes it).
     gc.collect()
     gc.freeze()
-    print(f"dashboard pages · {args.sessions} sessions, {args.pending} pending requests · PostgreSQL "
+    print(f"dashboard pages · {args.sessions} sessions, {args.pending} pending requests, {args.events} sealed "
+          "events, 20 rules, 30 grants · PostgreSQL "
           f"(seeded in {time.monotonic() - started:.1f} s) · {args.requests} requests per page")
     client = Client(SERVER_NAME="127.0.0.1")
     from django.contrib.auth import get_user_model
@@ -196,7 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     pages = {"queue (/)": "/", "approval": f"/approvals/{made['approval']}/",
              "session page": f"/sessions/{made['session']}/",
              "session live part": f"/sessions/{made['session']}/?part=live", "sessions list": "/sessions/",
-             "agents": "/agents/", "comp. failures": "/compensation-failures/", "settings": "/settings/"}
+             "agents": "/agents/", "comp. failures": "/compensation-failures/", "settings": "/settings/",
+             "rules": "/rules/", "grants": "/grants/", "audit": "/audit/", "pick org": "/orgs/"}
     results = {}
     for name, url in pages.items():
         p50, p95, queries = measure(client, url, args.requests)
