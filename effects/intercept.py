@@ -306,6 +306,11 @@ def _lock_session(agent: Agent, session_id: Any) -> Session:
     session = Session.objects.select_for_update().filter(pk=session_id, agent=agent).first()
     if session is None:
         raise NotFound("No such session for this agent.", code="session_not_found")
+    # The run's agent and org are the caller's, already loaded with its key: the approval request,
+    # its agent context and its event read them off the session without a query each.
+    session.agent = agent
+    if Agent.org.is_cached(agent):
+        session.org = agent.org
     return session
 
 

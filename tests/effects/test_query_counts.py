@@ -120,3 +120,21 @@ def test_a_host_the_server_does_not_serve_is_refused_on_the_fast_route_too_and_n
 
     assert refused.status_code == 400
     assert Effect.objects.filter(session_id=session_id).count() == 1
+
+
+def test_an_irreversible_intercept_reads_its_agent_and_org_once_with_the_key(acme, session_id):
+    intercept(acme, session_id, "send_email", {"to": "first@x.io"}, 1)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = intercept(acme, session_id, "delete_account", {"account_id": "a-1"}, 2)
+
+    assert response.json()["decision"] == "await_approval"
+    sql = statements(queries)
+    # The key's lookup joins its agent and org; the session, the approval request, its agent
+    # context and its event reuse them rather than reading either row again.
+    assert [s for s in sql if 'FROM "orgs_agent"' in s or 'FROM "orgs_organization"' in s] == []
+    # key, session lock, tools, signature lookup, budget policy, effect, the org's rules (read once
+    # per process and org version, then cached), session counters, agent context (effects, SAFE
+    # calls), approval request, grants, session state and its history, event. (The event's fan-out
+    # runs after the commit, which a test transaction never reaches.)
+    assert len(sql) == 15, "\n".join(s[:90] for s in sql)
