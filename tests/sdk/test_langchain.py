@@ -13,13 +13,15 @@ import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from undolog import CompensationDescriptor
 from undolog.integrations.langchain import UndologMiddleware, specs, thread_session, wrap_tools
 
 from effects.models import Effect, Session
 from tests.receiver import Receiver
 from tests.sdk import langchain_agent as lc
-from tests.sdk.agent_tools import RAN
+from tests.sdk.agent_tools import RAN, did
 from tests.sdk.conftest import Person, reviewer, token_of
 from tests.sdk.test_edit_before_approve import EDITED, assert_ran_edited, edit_and_approve
 from tests.sdk.test_replay import BASE_DIR, _env
@@ -324,3 +326,49 @@ def test_a_resumed_graph_runs_the_args_a_reviewer_edited_while_it_was_paused(acm
     assert again.resumed and tool_messages(done["messages"]) == [EDITED]
     assert_ran_edited(run.session.id, caplog)
     assert Session.objects.get(pk=run.session.id).state == "completed"
+
+
+@tool(response_format="content_and_artifact")
+def fetch_rows(table: str) -> tuple[str, dict]:
+    """Read a table's rows."""
+    return f"3 rows of {table}", {"rows": [1, 2, 3], "table": table}
+
+
+class Handle:
+    """An artifact that is no JSON at all (a client, a file handle...)."""
+
+
+@tool(response_format="content_and_artifact")
+def archive_rows(table: str) -> tuple[str, dict]:
+    """Archive a table's rows."""
+    did(f"archive_rows {table}")
+    return f"archived {table}", {"archive": f"s3://archive/{table}", "handle": Handle()}
+
+
+def test_a_wrapped_content_and_artifact_tool_hands_on_its_artifact_and_commits_what_the_model_read(
+        acme, server, client):
+    fetch, archive = wrap_tools([fetch_rows, archive_rows], {
+        "fetch_rows": "safe",
+        "archive_rows": {"tier": "compensable",
+                         "compensation": CompensationDescriptor.new("undo_send_email", {"to": "{table}"})}})
+    client.register(*specs([fetch, archive]))
+
+    def call(wrapped, table: str) -> ToolMessage:
+        return wrapped.invoke({"type": "tool_call", "name": wrapped.name, "args": {"table": table}, "id": "call-1"})
+
+    with client.session(agent="cleanup") as s:
+        read = call(fetch, "users")
+        archived = call(archive, "users")
+        again = call(archive, "users")  # the same call of the same run: replayed, not run again
+        awaited = asyncio.run(archive.ainvoke({"type": "tool_call", "name": "archive_rows",
+                                               "args": {"table": "orders"}, "id": "call-2"}))
+
+    assert (read.content, read.artifact) == ("3 rows of users", {"rows": [1, 2, 3], "table": "users"})
+    assert archived.content == "archived users"
+    assert archived.artifact["archive"] == "s3://archive/users" and isinstance(archived.artifact["handle"], Handle)
+    assert (again.content, again.artifact) == ("archived users", None)
+    assert (awaited.content, awaited.artifact["archive"]) == ("archived orders", "s3://archive/orders")
+    assert RAN == ["archive_rows users", "archive_rows orders"]
+    effects = Effect.objects.filter(session_id=s.id).order_by("step_index")
+    assert [(e.state, e.result) for e in effects] == [("committed", {"value": "archived users"}),
+                                                     ("committed", {"value": "archived orders"})]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -144,25 +145,63 @@ class UndologTool(BaseTool):
 
     def _run(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
              **kwargs: Any) -> Any:
-        child = _child_config(config, run_manager)
+        child, kept = _child_config(config, run_manager), _Artifact()
+
+        def run(use: dict[str, Any]) -> Any:
+            if not self._with_artifact:
+                return self.inner.invoke(self._input(kwargs, use), child)
+            return kept.content_of(self.inner.invoke(self._tool_call(kwargs, use), child))
+
         try:
-            outcome = _call(self.declared, self._model_args(kwargs),
-                            lambda use: self.inner.invoke(self._input(kwargs, use), child),
-                            self.hold)
+            outcome = _call(self.declared, self._model_args(kwargs), run, self.hold)
         except Refused as exc:
-            return _refusal_text(exc)
-        return _noted(outcome.result, outcome.edited)
+            return self._answer(_refusal_text(exc), None)
+        return self._answer(_noted(outcome.result, outcome.edited), kept.value)
 
     async def _arun(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
                     **kwargs: Any) -> Any:
-        child = _child_config(config, run_manager)
+        child, kept = _child_config(config, run_manager), _Artifact()
+
+        async def run(use: dict[str, Any]) -> Any:
+            if not self._with_artifact:
+                return await self.inner.ainvoke(self._input(kwargs, use), child)
+            return kept.content_of(await self.inner.ainvoke(self._tool_call(kwargs, use), child))
+
         try:
-            outcome = await _acall(self.declared, self._model_args(kwargs),
-                                   lambda use: self.inner.ainvoke(self._input(kwargs, use), child),
-                                   self.hold)
+            outcome = await _acall(self.declared, self._model_args(kwargs), run, self.hold)
         except Refused as exc:
-            return _refusal_text(exc)
-        return _noted(outcome.result, outcome.edited)
+            return self._answer(_refusal_text(exc), None)
+        return self._answer(_noted(outcome.result, outcome.edited), kept.value)
+
+    # A tool with response_format="content_and_artifact" answers (content, artifact): the model
+    # reads the content, the artifact (raw output, maybe not JSON at all) goes to the rest of the
+    # graph. Invoked with plain args, LangChain hands back only the content, so the inner tool is
+    # invoked as a tool call and its ToolMessage carries both. What is committed (and replayed)
+    # is the content, the part the model read; a replay has no artifact (None).
+
+    @property
+    def _with_artifact(self) -> bool:
+        return self.response_format == "content_and_artifact"
+
+    def _tool_call(self, kwargs: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "tool_call", "name": self.inner.name, "args": self._input(kwargs, args),
+                "id": f"undolog-{uuid.uuid4().hex}"}
+
+    def _answer(self, content: Any, artifact: Any) -> Any:
+        return (content, artifact) if self._with_artifact else content
+
+
+class _Artifact:
+    """The artifact of the one call that ran (none for a replay or a refusal)."""
+
+    value: Any = None
+
+    def content_of(self, message: Any) -> Any:
+        if not isinstance(message, ToolMessage):
+            raise TypeError(f"a content_and_artifact tool answered {type(message).__name__}, "
+                            "not a ToolMessage")
+        self.value = message.artifact
+        return message.content
 
 
 def _call(declared: DeclaredTool, args: dict[str, Any], run: _core.Run,
