@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from agents import Agent, ModelResponse, Runner, Usage, UserError, function_tool, set_tracing_disabled
 from agents.models.interface import Model
+from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from undolog import CompensationDescriptor
 from undolog.integrations.openai_agents import decisions, wrap_function_tools
@@ -42,9 +43,13 @@ def send_email(to: str) -> str:
     return f"sent to {to}"
 
 
+CONTEXT_ARGUMENTS: list[str] = []  # each delete_account call's ctx.tool_arguments
+
+
 @function_tool
-async def delete_account(account_id: str) -> str:
+async def delete_account(ctx: ToolContext, account_id: str) -> str:
     """Permanently delete an account and its data."""
+    CONTEXT_ARGUMENTS.append(ctx.tool_arguments)
     did(f"delete_account {account_id}")
     return f"deleted {account_id}"
 
@@ -265,6 +270,7 @@ def test_a_function_tool_runs_the_args_a_reviewer_edited_and_tells_the_model(acm
 
     assert tool_outputs(model.seen[-1]) == [EDITED]
     assert_ran_edited(s.id, caplog)
+    assert json.loads(CONTEXT_ARGUMENTS[-1]) == {"account_id": "acct-103"}  # the tool's context says so too
 
 
 def test_an_interrupted_run_resumes_with_the_args_a_reviewer_edited(acme, server, oa_client, caplog):
@@ -287,3 +293,4 @@ def test_an_interrupted_run_resumes_with_the_args_a_reviewer_edited(acme, server
     assert result.final_output == "Deleted acct-103." and s.state == "completed"
     assert tool_outputs(model.seen[-1]) == [EDITED]
     assert_ran_edited(s.id, caplog)
+    assert json.loads(CONTEXT_ARGUMENTS[-1]) == {"account_id": "acct-103"}

@@ -28,6 +28,7 @@ the name, description, JSON schema and failure policy, and carry ``undolog_spec`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping
@@ -102,7 +103,7 @@ def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *
                 raise refused
             outcome = await _core.acall(
                 declared, args,
-                lambda use: inner(ctx, input_json if use == args else json.dumps(use)))
+                lambda use: inner(ctx, input_json) if use == args else _run_edited(inner, ctx, use))
         except Refused as exc:
             return refusal_as_tool_result(exc)
         return _noted(tool, outcome)
@@ -114,6 +115,20 @@ def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *
     wrapped = dataclasses.replace(tool, **changes)
     wrapped.undolog_spec = declared.spec  # type: ignore[attr-defined]
     return wrapped
+
+
+def _run_edited(inner: Any, ctx: Any, edited: dict[str, Any]) -> Any:
+    """Run the tool with a reviewer's edited args, in a copy of its context that names them:
+    a tool reading ``ctx.tool_arguments`` (or ``ctx.tool_call``) would otherwise see the
+    model's proposal, not what it is running."""
+    edited_json = json.dumps(edited)
+    edited_ctx = copy.copy(ctx)
+    if hasattr(edited_ctx, "tool_arguments"):
+        edited_ctx.tool_arguments = edited_json
+    call = getattr(edited_ctx, "tool_call", None)
+    if call is not None and hasattr(call, "model_copy"):
+        edited_ctx.tool_call = call.model_copy(update={"arguments": edited_json})
+    return inner(edited_ctx, edited_json)
 
 
 def _noted(tool: FunctionTool, outcome: _core.Outcome) -> Any:
