@@ -4,7 +4,9 @@ server's CPU), each kind beside a bare Django view doing one INSERT, in the same
 
 Kinds: the baseline INSERT; a compensable intercept (a new call each time, over 16 sessions);
 the same with one SAFE call reported; a replay; a commit; an irreversible intercept (a fresh
-session each, since it holds its session for a reviewer). Then one client alone, for p50/p99.
+session each, since it holds its session for a reviewer). Then one client alone, for p50/p99,
+against the sync workers and against gthread with keep-alive; last, the compensable intercept
+under uvicorn (ASGI) with the same workers, beside its own baseline.
 
     python -m bench.throughput [--seconds 5] [--workers 4] [--connections 8]
 """
@@ -189,6 +191,11 @@ def main(argv: list[str] | None = None) -> dict:
     # connect per call. As the README deploys it (gthread, keep-alive) an agent's client keeps it.
     kept = Server("gunicorn (WSGI)", args.workers)
     try:
+        # Warm every thread first, as the sync server was above: each of the 4 x 8 threads opens its
+        # own database connection and prepares its statements on its first call, and a worker loads
+        # its caches on its first intercept. Unwarmed, those first calls (tens of ms each) were the p99.
+        for kind in ("baseline", "intercept"):
+            wrk(kept.base, kind, data["running"], data["key"], seconds=2, connections=32)
         for kind in ("baseline", "intercept"):
             alone = wrk(kept.base, kind, data["running"], data["key"], seconds=args.seconds, connections=1, threads=1,
                         offset=args.rounds, slices=args.rounds + 1)
@@ -197,7 +204,28 @@ def main(argv: list[str] | None = None) -> dict:
                   f"p99 {alone['p99']:.2f} ms ({alone['rate']:.0f} req/s)")
     finally:
         kept.stop()
+    results.update(asgi_beside(data, args, results["compensable intercept"]["rate"]))
     return results
+
+
+def asgi_beside(data: dict, args: argparse.Namespace, wsgi_rate: float) -> dict:
+    """The compensable intercept under uvicorn (ASGI), the same worker count and load: whether
+    /api/ should be served by gunicorn or by the ASGI server that serves the websockets."""
+    server = Server("uvicorn (ASGI)", args.workers)
+    try:
+        for kind in ("baseline", "intercept"):
+            wrk(server.base, kind, data["running"], data["key"], seconds=1, connections=args.connections)
+        base = wrk(server.base, "baseline", data["running"], data["key"], seconds=args.seconds,
+                   connections=args.connections)
+        r = wrk(server.base, "intercept", data["running"], data["key"], seconds=args.seconds,
+                connections=args.connections)
+    finally:
+        server.stop()
+    ratio = r["rate"] / base["rate"]
+    print(f"  uvicorn {args.workers} workers, compensable intercept {r['rate']:8.1f} req/s  x{ratio:4.2f}"
+          f" of its own baseline ({base['rate']:.0f} req/s)  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+          f"x{r['rate'] / wsgi_rate:4.2f} of gunicorn sync's intercept rate above")
+    return {"uvicorn intercept": {**r, "ratio": ratio, "baseline": base["rate"]}}
 
 
 if __name__ == "__main__":
