@@ -83,11 +83,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+GTHREADS = 8  # threads per gthread worker
 SERVERS = {
     # The README's recommended deployment is whichever of these wins.
     "gunicorn (WSGI)": lambda port, workers: [
         sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{port}",
-        "-w", str(workers), "-k", "gthread", "--threads", "8", "--log-level", "warning"],
+        "-w", str(workers), "-k", "gthread", "--threads", str(GTHREADS), "--log-level", "warning"],
     # Sync workers, as the hot-path benchmark deploys /api/ (bench/throughput.py).
     "gunicorn (sync)": lambda port, workers: [
         sys.executable, "-m", "gunicorn", "bench.wsgi:application", "-b", f"127.0.0.1:{port}",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_tp")
 
-from bench.common import BASE_DIR, Server, bench_org, setup_django
+from bench.common import BASE_DIR, GTHREADS, Server, bench_org, setup_django
 
 _RUNS = itertools.count()  # each wrk run makes new calls: a repeated one would be a replay
 
@@ -191,11 +191,11 @@ def main(argv: list[str] | None = None) -> dict:
     # connect per call. As the README deploys it (gthread, keep-alive) an agent's client keeps it.
     kept = Server("gunicorn (WSGI)", args.workers)
     try:
-        # Warm every thread first, as the sync server was above: each of the 4 x 8 threads opens its
-        # own database connection and prepares its statements on its first call, and a worker loads
+        # Warm every thread first, as the sync server was above: each worker thread opens its own
+        # database connection and prepares its statements on its first call, and a worker loads
         # its caches on its first intercept. Unwarmed, those first calls (tens of ms each) were the p99.
         for kind in ("baseline", "intercept"):
-            wrk(kept.base, kind, data["running"], data["key"], seconds=2, connections=32)
+            wrk(kept.base, kind, data["running"], data["key"], seconds=2, connections=args.workers * GTHREADS)
         for kind in ("baseline", "intercept"):
             alone = wrk(kept.base, kind, data["running"], data["key"], seconds=args.seconds, connections=1, threads=1,
                         offset=args.rounds, slices=args.rounds + 1)

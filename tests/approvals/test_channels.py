@@ -7,8 +7,10 @@ import asyncio
 import threading
 
 import pytest
+import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from approvals import events
 from tests.approvals.conftest import hold
@@ -101,9 +103,6 @@ def test_the_notifier_publishes_one_typed_message_to_the_group():
 def test_a_burst_of_events_reaches_the_group_over_one_kept_redis_connection():
     """Each publish used to run on a new event loop, and channels_redis keeps its pool per loop: a
     connection opened and closed per message, in the request that recorded the event."""
-    import redis
-    from django.conf import settings
-
     group = events.group_name("burst")
     stats = redis.Redis.from_url(settings.REDIS_URL)  # one connection of its own, opened below
 

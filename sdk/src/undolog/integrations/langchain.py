@@ -145,12 +145,10 @@ class UndologTool(BaseTool):
 
     def _run(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
              **kwargs: Any) -> Any:
-        child, kept = _child_config(config, run_manager), _Artifact()
+        child, kept = _child_config(config, run_manager), _Artifact(self._with_artifact)
 
         def run(use: dict[str, Any]) -> Any:
-            if not self._with_artifact:
-                return self.inner.invoke(self._input(kwargs, use), child)
-            return kept.content_of(self.inner.invoke(self._tool_call(kwargs, use), child))
+            return kept.content_of(self.inner.invoke(self._inner_input(kwargs, use), child))
 
         try:
             outcome = _call(self.declared, self._model_args(kwargs), run, self.hold)
@@ -160,12 +158,10 @@ class UndologTool(BaseTool):
 
     async def _arun(self, *args: Any, config: RunnableConfig, run_manager: Any = None,
                     **kwargs: Any) -> Any:
-        child, kept = _child_config(config, run_manager), _Artifact()
+        child, kept = _child_config(config, run_manager), _Artifact(self._with_artifact)
 
         async def run(use: dict[str, Any]) -> Any:
-            if not self._with_artifact:
-                return await self.inner.ainvoke(self._input(kwargs, use), child)
-            return kept.content_of(await self.inner.ainvoke(self._tool_call(kwargs, use), child))
+            return kept.content_of(await self.inner.ainvoke(self._inner_input(kwargs, use), child))
 
         try:
             outcome = await _acall(self.declared, self._model_args(kwargs), run, self.hold)
@@ -183,7 +179,10 @@ class UndologTool(BaseTool):
     def _with_artifact(self) -> bool:
         return self.response_format == "content_and_artifact"
 
-    def _tool_call(self, kwargs: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+    def _inner_input(self, kwargs: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        """The inner tool's input; a tool call when it answers an artifact too."""
+        if not self._with_artifact:
+            return self._input(kwargs, args)
         return {"type": "tool_call", "name": self.inner.name, "args": self._input(kwargs, args),
                 "id": f"undolog-{uuid.uuid4().hex}"}
 
@@ -192,11 +191,15 @@ class UndologTool(BaseTool):
 
 
 class _Artifact:
-    """The artifact of the one call that ran (none for a replay or a refusal)."""
+    """The artifact of the one call that ran (none for a replay or a refusal); a tool without
+    one answers its content directly, which passes through."""
 
-    value: Any = None
+    def __init__(self, wanted: bool) -> None:
+        self.wanted, self.value = wanted, None
 
     def content_of(self, message: Any) -> Any:
+        if not self.wanted:
+            return message
         if not isinstance(message, ToolMessage):
             raise TypeError(f"a content_and_artifact tool answered {type(message).__name__}, "
                             "not a ToolMessage")
