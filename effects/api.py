@@ -284,6 +284,8 @@ class SessionCreateSerializer(StrictSerializer):
     metadata = serializers.DictField(required=False, default=dict)
     # The person who started this run (their username or email): they cannot approve its calls.
     started_by = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    # What the idle sweep makes of the run once it goes quiet: fail (roll back, the default) or complete.
+    on_idle = serializers.ChoiceField(choices=Session.OnIdle.choices, required=False, default=Session.OnIdle.FAIL)
 
 
 class FailSerializer(StrictSerializer):
@@ -295,11 +297,15 @@ class CompleteSerializer(StrictSerializer):
     safe_calls = serializers.JSONField(required=False, default=None)
 
 
+class SafeCallsSerializer(StrictSerializer):
+    safe_calls = serializers.JSONField(help_text="SAFE calls no intercept carried: [{tool, step_index, args?}].")
+
+
 def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(session.id), "agent": session.agent.name, "state": session.state,
         "step_index": session.step_index, "metadata": session.metadata, "error": session.error or None,
-        "started_by": session.started_by or None,
+        "started_by": session.started_by or None, "on_idle": session.on_idle,
         "created": session.created.isoformat(), "updated": session.updated.isoformat(),
         "ended_at": session.ended_at.isoformat() if session.ended_at else None,
     }
@@ -346,7 +352,7 @@ class SessionViewSet(OrgScopedViewSet):
         return sessions.filter(agent=caller.agent) if caller.agent else sessions
 
     def get_permissions(self):
-        if self.action in ("create", "intercept", "complete"):
+        if self.action in ("create", "intercept", "complete", "safe_calls"):
             return [IsAgent()]
         if self.action == "fail":
             return [IsAgentOrReviewer()]
@@ -368,7 +374,7 @@ class SessionViewSet(OrgScopedViewSet):
                               code="agent_suspended", status_code=423,
                               reason=agent.suspend_reason or agent.state, state=agent.state)
         session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
-                                         started_by=data["started_by"].strip())
+                                         started_by=data["started_by"].strip(), on_idle=data["on_idle"])
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],
@@ -428,6 +434,20 @@ class SessionViewSet(OrgScopedViewSet):
         self._charge_last_safe_calls(request, pk, data["safe_calls"])
         session.refresh_from_db()
         session.complete(actor=self.caller.label)
+        return Response({"session": session_dict(session)})
+
+    @extend_schema(summary="Report SAFE calls on their own", tags=["sessions"], request=SafeCallsSerializer,
+                   description="For a caller whose SAFE calls may not be followed by another request of its own "
+                               "(a gateway replica: the run's next call may reach another one). Same rules as the "
+                               "intercept's safe_calls: charged to the budget, a step reported twice counts once.",
+                   responses={**ok(shapes.SessionBodyDict), **errors(404, codes={404: ["session_not_found"]}),
+                              **errors(400, codes={400: ["invalid"]})})
+    @action(detail=True, methods=["post"], url_path="safe-calls")
+    def safe_calls(self, request: Request, pk: str) -> Response:
+        data = validated(SafeCallsSerializer, request.data or {})
+        session = self.get_object()
+        self._charge_last_safe_calls(request, pk, data["safe_calls"])
+        session.refresh_from_db()
         return Response({"session": session_dict(session)})
 
     @extend_schema(summary="Fail a session: its undo stack is walked back", tags=["sessions"], request=FailSerializer,

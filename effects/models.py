@@ -295,6 +295,10 @@ class Session(models.Model):
         COMPENSATED = "compensated"
         COMPENSATION_FAILED = "compensation_failed"
 
+    class OnIdle(models.TextChoices):
+        FAIL = "fail"
+        COMPLETE = "complete"
+
     TERMINAL = frozenset({State.COMPLETED, State.HALTED, State.COMPENSATED})
     OPEN = frozenset({State.RUNNING, State.AWAITING_APPROVAL})
 
@@ -310,6 +314,10 @@ class Session(models.Model):
                                   help_text="The person who started the run (username or email); they cannot "
                                             "approve its calls.")
     step_index = models.PositiveIntegerField(default=0)
+    # What the idle sweep makes of this run once it goes quiet (effects/abandon.py): `fail` rolls it
+    # back (an SDK agent that died mid-task), `complete` lets its work stand (a conversation through
+    # the MCP gateway, whose client may simply have been closed: the stateless protocol says nothing).
+    on_idle = models.CharField(max_length=8, choices=OnIdle.choices, default=OnIdle.FAIL)
     error = models.TextField(blank=True)
     # Run counters (budgets): updated under the session row lock.
     tool_calls = models.PositiveIntegerField(default=0)
@@ -382,10 +390,11 @@ class Session(models.Model):
                                                         tool__executor_url__gt=""))))
 
     def abandon(self, timeout_s: int, now) -> None:
-        """The run went silent past its idle timeout (effects/abandon.py): fail it as abandoned,
-        with a `session.abandoned` event, in one transaction. The guarded UPDATE restates the
-        silence (still running, no intercept since the cutoff, nothing `kept_alive`), so a call
-        that lands first keeps the run alive (Conflict)."""
+        """The run went silent past its idle timeout (effects/abandon.py): end it as abandoned, with a
+        `session.abandoned` event, in one transaction: failed and rolled back, or completed when the
+        run asked for that (`on_idle`). The guarded UPDATE restates the silence (still running, no
+        intercept since the cutoff, nothing `kept_alive`), so a call that lands first keeps the run
+        alive (Conflict)."""
         cutoff = now - timedelta(seconds=timeout_s)
         # The sweep's read brings the newest effect's time along (`last_effect`); no query then.
         last_effect = self.__dict__.get("last_effect", models.NOT_PROVIDED)
@@ -395,11 +404,17 @@ class Session(models.Model):
         last = max(self.updated, last_effect or self.updated)
         silent_s = int((now - last).total_seconds())
         error = f"abandoned: no call for {silent_s} s (run_idle_timeout_s is {timeout_s} s)"
+        guard = models.Q(updated__lt=cutoff) & ~Session.kept_alive(cutoff)
         with transaction.atomic():
-            self.fail(error, ABANDON_ACTOR, allowed_from=frozenset({self.State.RUNNING}),
-                      guard=models.Q(updated__lt=cutoff) & ~Session.kept_alive(cutoff))
+            if self.on_idle == self.OnIdle.COMPLETE:
+                self.move({self.State.RUNNING}, self.State.COMPLETED, actor=ABANDON_ACTOR, reason=error, guard=guard,
+                          error=error)
+                self.run_ended(ABANDON_ACTOR)
+            else:
+                self.fail(error, ABANDON_ACTOR, allowed_from=frozenset({self.State.RUNNING}), guard=guard)
             Event.record(self.org, "session.abandoned", agent=self.agent, session_id=self.pk, error=error,
-                         silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=last.isoformat())
+                         silent_s=silent_s, run_idle_timeout_s=timeout_s, last_call_at=last.isoformat(),
+                         outcome=self.state)
 
     def run_ended(self, actor: str) -> None:
         """The run is over: its first budget violation applies on_exceeded (once, in this

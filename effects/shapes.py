@@ -194,6 +194,7 @@ class SessionDict(TypedDict):
     metadata: dict[str, Any]
     error: str | None
     started_by: str | None
+    on_idle: str
     created: str
     updated: str
     ended_at: str | None

@@ -148,3 +148,55 @@ def test_tools_two_servers_share_are_prefixed_with_their_server_name():
     assert gateway.routes["gitlab_create_issue"].upstream_name == "create_issue"
     registered = [tool["name"] for tool in http.sent[-1].body["tools"]]
     assert sorted(registered) == ["github_create_issue", "gitlab_create_issue", "star"]
+
+
+def test_it_reads_client_tokens_from_the_environment_and_never_shows_them(monkeypatch):
+    monkeypatch.setenv("ANA_TOKEN", "t" * 32)
+    clients = {"ana": {"token": "${ANA_TOKEN}", "started_by": " ana@example.com "},
+               "ci": {"token": "c" * 20}}
+    config = parse_config({**BASE, "undolog": {"on_idle": "fail"}, "clients": clients})
+
+    (ana, ci) = config.clients
+    assert (ana.name, ana.token, ana.started_by) == ("ana", "t" * 32, "ana@example.com")
+    assert (ci.name, ci.started_by) == ("ci", None)
+    assert "t" * 32 not in repr(config) and "c" * 20 not in repr(config)
+    assert config.on_idle == "fail"
+    assert parse_config(BASE).on_idle == "complete" and parse_config(BASE).clients == ()
+
+
+@pytest.mark.parametrize(
+    ("clients", "says"),
+    [
+        ({"ana": {"token": "${UNSET_GATEWAY_TOKEN}"}}, "${UNSET_GATEWAY_TOKEN} is not set"),
+        ({"ana": {"token": "$UNSET_GATEWAY_TOKEN-x"}}, "$UNSET_GATEWAY_TOKEN is not set"),
+        ({"ana": {"token": "short"}}, "16 to 512 characters"),
+        ({"ana": {}}, "16 to 512 characters"),
+        ({"ana": {"token": 1234567890123456789}}, "16 to 512 characters"),
+        ({"ana": {"token": "a" * 20}, "bo": {"token": "a" * 20}}, "share a token"),
+        ({"ana": {"token": "a" * 20, "role": "admin"}}, "unknown key(s) ['role']"),
+        ({"ana": {"token": "a" * 20, "started_by": ""}}, "started_by is a username"),
+        ({"ana": "a" * 20}, "a table with token"),
+    ],
+)
+def test_it_refuses_client_tokens_it_cannot_trust(monkeypatch, clients, says):
+    monkeypatch.delenv("UNSET_GATEWAY_TOKEN", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**BASE, "clients": clients})
+    assert says in str(caught.value)
+
+
+def test_it_refuses_an_unknown_on_idle():
+    with pytest.raises(ConfigError, match="on_idle: 'complete' or 'fail'"):
+        parse_config({**BASE, "undolog": {"on_idle": "rollback"}})
+
+
+def test_a_public_address_needs_client_tokens_and_loopback_does_not():
+    from undolog.gateway.config import ClientConfig
+    from undolog.gateway.server import InsecureBind, check_bind
+
+    for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"):
+        check_bind(host, ())
+    for host in ("0.0.0.0", "192.168.1.10", "gateway.example.com", "::"):
+        with pytest.raises(InsecureBind, match=r"Add a \[clients\.<name>\] table"):
+            check_bind(host, ())
+    check_bind("0.0.0.0", (ClientConfig("ana", "a" * 20),))

@@ -157,3 +157,30 @@ def test_an_abandoned_run_gets_its_budget_verdict(acme):
     assert (acme.agent.state, acme.agent.suspend_reason) == ("suspended", "budget")
     exceeded = Event.objects.get(kind="budget.exceeded")
     assert (exceeded.data["action"], str(exceeded.session_id)) == ("pause", run.id)
+
+
+def test_a_run_opened_with_on_idle_complete_is_completed_when_quiet_and_nothing_is_undone(acme, receiver):
+    stack = build_stack(acme, receiver.url, 2)
+    Session.objects.filter(pk=stack.session_id).update(on_idle=Session.OnIdle.COMPLETE)
+    silence(stack.session_id, 3601)
+
+    assert tasks.sweep_abandoned() == 1
+
+    session = stack.session
+    assert session.state == "completed" and session.error.startswith("abandoned: no call for 360")
+    assert SessionTransition.objects.filter(session=session, to_state="completed").get().actor == "idle"
+    assert Event.objects.get(kind="session.abandoned").data["outcome"] == "completed"
+    assert set(session.undo_entries.values_list("state", flat=True)) == {"pending"}
+    assert receiver.order == []  # no compensation ran
+    assert tasks.sweep_abandoned() == 0
+
+
+def test_on_idle_is_chosen_when_the_run_is_opened_and_checked(acme):
+    opened = acme.api.post("/api/v1/sessions", {"on_idle": "complete"}, format="json")
+    default = acme.api.post("/api/v1/sessions", {}, format="json")
+    bad = acme.api.post("/api/v1/sessions", {"on_idle": "forget"}, format="json")
+
+    assert opened.status_code == 201 and opened.json()["on_idle"] == "complete"
+    assert default.json()["on_idle"] == "fail"
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid" and "on_idle" in bad.json()["fields"]
+    assert Session.objects.filter(org=acme.org).count() == 2

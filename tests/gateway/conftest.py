@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +143,67 @@ def http_tracker(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+TOKENS = {"ana": "ana-token-0123456789abcdef", "bo": "bo-token-0123456789abcdef"}
+CLIENTS = """
+[clients.ana]
+token = "${ANA_GATEWAY_TOKEN}"
+started_by = "ana@example.com"
+
+[clients.bo]
+token = "${BO_GATEWAY_TOKEN}"
+"""
+
+
+def client_env() -> dict[str, str]:
+    return {"ANA_GATEWAY_TOKEN": TOKENS["ana"], "BO_GATEWAY_TOKEN": TOKENS["bo"]}
+
+
+def wait_until_listening(url: str, process: subprocess.Popen, timeout: float = 30) -> None:
+    import httpx
+
+    from tests.conftest import eventually
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"{process.args} exited with {process.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return True
+        except httpx.HTTPError:
+            return False
+
+    eventually(up, timeout=timeout)
+
+
+@contextmanager
+def http_gateway(harness: Harness, port: int | None = None):
+    """`undolog gateway --http` as a real process (its own process group); yields (url, Popen)."""
+    from tests.processes import _stop
+
+    port = port or free_port()
+    process = subprocess.Popen([sys.executable, "-m", "undolog", "gateway", "--config", str(harness.config),
+                                "--http", f"127.0.0.1:{port}"], env={**harness.env(), **client_env()},
+                               cwd=BASE_DIR, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        wait_until_listening(url, process)
+        yield url, process
+    finally:
+        _stop(process)
+
+
+@asynccontextmanager
+async def mcp_over_http(url: str, token: str | None = None, *, mode: str = "auto",
+                        headers: dict[str, str] | None = None) -> AsyncIterator[Any]:
+    """A real `mcp.Client` over streamable HTTP: `mode="auto"` is the package's default
+    negotiation (2026-07-28 against this gateway), `"legacy"` the initialize handshake."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    sent = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
+    http = create_mcp_http_client(headers=sent)
+    async with http, Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+        yield client

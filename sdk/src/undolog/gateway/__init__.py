@@ -10,11 +10,13 @@ See ``config`` for the TOML, ``core`` for what happens to each call.
 from __future__ import annotations
 
 from .config import ConfigError, GatewayConfig, load_config, parse_config
-from .core import FAIL_RUN, FINISH_RUN, Gateway
+from .core import FAIL_RUN, FINISH_RUN, RUN_ARG, START_RUN, Gateway
 
 __all__ = [
     "FAIL_RUN",
     "FINISH_RUN",
+    "RUN_ARG",
+    "START_RUN",
     "ConfigError",
     "Gateway",
     "GatewayConfig",
@@ -28,11 +30,13 @@ def run(config_path: str, http: str | None = None) -> None:
     """Start the gateway (blocks): stdio, or streamable HTTP at ``HOST:PORT``."""
     import anyio
 
-    from .server import serve_http, serve_stdio
+    from .server import check_bind, serve_http, serve_stdio
 
-    gateway = Gateway(load_config(config_path))
+    config = load_config(config_path)
     if http:
         host, _, port = http.rpartition(":")
-        anyio.run(serve_http, gateway, host or "127.0.0.1", int(port))
+        host = host or "127.0.0.1"
+        check_bind(host, config.clients)  # before any upstream is started
+        anyio.run(serve_http, Gateway(config), host, int(port))
     else:
-        anyio.run(serve_stdio, gateway)
+        anyio.run(serve_stdio, Gateway(config))

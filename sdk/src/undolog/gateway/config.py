@@ -17,13 +17,24 @@ about their tools that their own hints do not say.
     [servers.tracker.tools.create_issue] # per-tool overrides
     compensation = { tool = "close_issue", args = { number = "{result.number}" } }
 
+    [clients.ana]                        # who may call the gateway over HTTP, one token each
+    token = "${ANA_GATEWAY_TOKEN}"       # sent as Authorization: Bearer <token>
+    started_by = "ana@example.com"       # optional: the person; she cannot approve her runs' calls
+
 Strings in ``url``, ``headers``, ``env`` and ``command`` expand ``$VAR``/``${VAR}`` from the
-environment, so secrets stay out of the file.
+environment, so secrets stay out of the file; a client's ``token`` must expand fully (an unset
+variable is an error, never a literal token).
+
+``on_idle`` (``[undolog]``): what the server's idle sweep (the agent's or org's
+``run_idle_timeout_s``) makes of a run whose client went quiet without finishing it:
+``complete`` (the default: the work stands, as when a stdio client closes) or ``fail`` (rolled
+back).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +43,7 @@ from typing import Any
 from ..tiers import ApprovalSpec, CompensationDescriptor, ToolTier
 
 __all__ = [
+    "ClientConfig",
     "Compensation",
     "GatewayConfig",
     "ServerConfig",
@@ -63,7 +75,11 @@ UNDOLOG_KEYS = {
     "claim_lease_s",
     "dashboard_url",
     "state_file",
+    "on_idle",
 }
+CLIENT_KEYS = {"token", "started_by"}
+MIN_TOKEN_CHARS = 16
+MAX_TOKEN_CHARS = 512
 
 
 class ConfigError(ValueError):
@@ -123,6 +139,16 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ClientConfig:
+    """One HTTP client of the gateway: its bearer token (never logged, never in a repr) and, where
+    it acts for one person, who (``started_by``: the server keeps them from approving its calls)."""
+
+    name: str
+    token: str = field(repr=False)
+    started_by: str | None = None
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     servers: tuple[ServerConfig, ...]
     url: str | None = None
@@ -134,6 +160,8 @@ class GatewayConfig:
     claim_lease_s: int = 60
     dashboard_url: str | None = None
     state_file: Path | None = None
+    on_idle: str = "complete"
+    clients: tuple[ClientConfig, ...] = ()
 
 
 def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
@@ -157,13 +185,16 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
 def parse_config(data: Mapping[str, Any], base: Path | None = None) -> GatewayConfig:
     undolog = dict(data.get("undolog") or {})
     _no_unknown(undolog, UNDOLOG_KEYS, "[undolog]")
-    _no_unknown(data, {"undolog", "servers"}, "the file")
+    _no_unknown(data, {"undolog", "servers", "clients"}, "the file")
     servers = tuple(_server(name, spec) for name, spec in (data.get("servers") or {}).items())
     if not servers:
         raise ConfigError(
             "no [servers.<name>] table: the gateway needs at least one upstream MCP server"
         )
     state = undolog.get("state_file")
+    on_idle = undolog.get("on_idle", "complete")
+    if on_idle not in ("complete", "fail"):
+        raise ConfigError(f"[undolog] on_idle: 'complete' or 'fail', not {on_idle!r}")
     return GatewayConfig(
         servers=servers,
         url=_expand(undolog.get("url")),
@@ -175,7 +206,33 @@ def parse_config(data: Mapping[str, Any], base: Path | None = None) -> GatewayCo
         claim_lease_s=int(undolog.get("claim_lease_s", 60)),
         dashboard_url=undolog.get("dashboard_url"),
         state_file=(base or Path.cwd()) / state if state else None,
+        on_idle=on_idle,
+        clients=_clients(data.get("clients") or {}),
     )
+
+
+def _clients(table: Mapping[str, Any]) -> tuple[ClientConfig, ...]:
+    clients = []
+    for name, spec in table.items():
+        where = f"[clients.{name}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: a table with token = ... (and optionally started_by)")
+        _no_unknown(spec, CLIENT_KEYS, where)
+        token = _expand_strict(spec.get("token"), f"{where} token")
+        if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS:
+            raise ConfigError(
+                f"{where}: token must be a string of {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} "
+                "characters "
+                '(generate one: python -c "import secrets; print(secrets.token_urlsafe(32))")'
+            )
+        started_by = spec.get("started_by")
+        if started_by is not None and (not isinstance(started_by, str) or not started_by.strip()):
+            raise ConfigError(f"{where}: started_by is a username or an email")
+        clients.append(ClientConfig(name, token, started_by.strip() if started_by else None))
+    tokens = [c.token for c in clients]
+    if len(set(tokens)) != len(tokens):
+        raise ConfigError("[clients]: two clients share a token; give each its own")
+    return tuple(clients)
 
 
 def _server(name: str, spec: Mapping[str, Any]) -> ServerConfig:
@@ -277,6 +334,19 @@ def _no_unknown(table: Mapping[str, Any], known: set[str], where: str) -> None:
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def _expand_strict(value: Any, where: str) -> Any:
+    """``_expand``, refusing a variable that is not set: an unset ``$TOKEN`` must not become the
+    literal (and guessable) token ``$TOKEN``."""
+    if isinstance(value, str):
+        for match in _VARIABLE.finditer(value):
+            if (match.group(1) or match.group(2)) not in os.environ:
+                raise ConfigError(f"{where}: {match.group(0)} is not set in the environment")
+    return _expand(value)
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _expand(value: Any) -> Any:

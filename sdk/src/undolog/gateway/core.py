@@ -1,10 +1,23 @@
 """The gateway's rules, transport-free: which upstream tool each exposed name reaches, its
 tier, and what happens to one ``tools/call`` (the same flows as the SDK's decorated tools).
 
-One MCP client session is one undolog session (a *run*), opened by the first call that
-reaches the server and completed when the client disconnects cleanly. SAFE calls never wait
-on undolog: they are forwarded at once and reported with the next request. Every outcome the
-model must read is a tool result with ``isError`` and the message as text.
+A *run* is one undolog session. Which run a call belongs to (``Gateway.run_of``):
+
+- the ``undolog_run`` argument (or the ``Undolog-Run`` HTTP header), a handle minted by the
+  ``undolog_start_run`` meta-tool: the explicit state handle of MCP 2026-07-28, which has no
+  session (SEP-2567). The handle is the undolog session id; the server records which client
+  started the run (``metadata.client``), and a client naming another's run is refused;
+- else the transport's own conversation: the one stdio client, or a legacy (2025-11-25) MCP
+  session id. Such a run is opened by the first call that reaches the server and completed
+  when the client disconnects cleanly;
+- else (stateless HTTP, no handle) nothing: the call is refused with a message saying how to
+  start a run, never merged into another client's run.
+
+A handle's run lives in the undolog server, not in this process: any gateway replica serves
+it (its step indexes are milliseconds since the run started, so replicas number calls in one
+order without asking the server, and its SAFE calls are reported right after they ran).
+SAFE calls never wait on undolog: they are forwarded at once. Every outcome the model must read
+is a tool result with ``isError`` and the message as text.
 """
 
 from __future__ import annotations
@@ -13,9 +26,11 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -29,6 +44,7 @@ from ..errors import (
     EffectInFlight,
     Refused,
     SessionAwaitingApproval,
+    UndoLogConnectionError,
     UndoLogError,
     refusal_as_tool_result,
 )
@@ -38,12 +54,39 @@ from ..tiers import ApprovalSpec, ToolSpec, ToolTier
 from .config import GatewayConfig, ServerConfig
 from .upstream import Upstream, UpstreamToolError, result_value
 
-__all__ = ["FAIL_RUN", "FINISH_RUN", "Gateway", "Route"]
+__all__ = ["FAIL_RUN", "FINISH_RUN", "RUN_ARG", "START_RUN", "Caller", "Gateway", "Route"]
 
 log = logging.getLogger("undolog.gateway")
 
 FINISH_RUN = "undolog_finish_run"
 FAIL_RUN = "undolog_fail_run"
+START_RUN = "undolog_start_run"
+META_TOOLS = (START_RUN, FINISH_RUN, FAIL_RUN)
+RUN_ARG = "undolog_run"  # the run handle every exposed tool takes (stripped before the upstream)
+MAX_HANDLE_CHARS = 64
+MAX_CACHED_RUNS = 10_000  # handle runs a replica remembers; a forgotten one is read again
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, and the conversation the transport knows it by.
+
+    ``client``: the authenticated client's name (``local`` without client tokens, ``stdio``).
+    ``conversation``: ``stdio``, ``http:<mcp-session-id>`` (legacy), or None (stateless HTTP).
+    ``run_header``: the ``Undolog-Run`` header, when the client application carries the handle.
+    """
+
+    client: str
+    conversation: str | None
+    started_by: str | None = None
+    run_header: str | None = None
+
+
+STDIO = Caller("stdio", "stdio")
+
+
+class Unattributed(Exception):
+    """The call names no run this client may use; the message says what to do (nothing ran)."""
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 
 
@@ -69,34 +112,81 @@ def _upstream_placeholder(
     raise RuntimeError("not called")
 
 
-class Run:
-    """The undolog session of one MCP client session, opened lazily by its first non-SAFE call
-    (SAFE calls before it are kept and reported with that first request)."""
+class _Clock:
+    """Step indexes of a run that several gateway replicas serve: milliseconds since the run
+    started, strictly increasing here. Replicas agree on the order without asking the server (the
+    undo stack is walked by step), so calls of one run spaced a millisecond or more apart never
+    share a step; two at the very same millisecond on two replicas may (a SAFE one then counts
+    once)."""
 
-    def __init__(self, gateway: Gateway, key: str) -> None:
+    def __init__(self, created: str | None, after: int) -> None:
+        try:
+            self._zero = datetime.fromisoformat(str(created)).timestamp()
+        except ValueError:
+            self._zero = time.time()
+        self._last = after
+
+    def __iter__(self) -> _Clock:
+        return self
+
+    def __next__(self) -> int:
+        now = int((time.time() - self._zero) * 1000)
+        self._last = min(max(self._last + 1, now), 2**31 - 1)
+        return self._last
+
+
+class Run:
+    """The undolog session of one conversation, opened lazily by its first non-SAFE call (SAFE
+    calls before it are kept and reported with that first request), or at once by
+    ``undolog_start_run`` (a handle run)."""
+
+    def __init__(self, gateway: Gateway, key: str | None, caller: Caller) -> None:
         self.gateway, self.key = gateway, key
+        self.client = caller.client
         config = gateway.config
         self.session = Session(
             gateway.http,
             agent=gateway.agent,
-            metadata={"via": "mcp-gateway", "client": key},
+            metadata={"via": "mcp-gateway", "client": caller.client},
+            started_by=caller.started_by,
             approval_timeout=config.approval_wait_s,
             poll_wait=max(1.0, min(30.0, config.approval_wait_s)),
         )
         self.opened = False
+        self.handle = False  # named by its handle: any replica may serve it
         self.over: str | None = None  # set when a reviewer or the server ended the run
         self._lock = anyio.Lock()
+        self._flushing = False
 
     async def ensure_open(self) -> None:
         async with self._lock:
             if self.opened:
                 return
             steps, safe = self.session._steps, self.session._safe
-            self.session._open(await self.gateway.http.asend(self.session._open_call()))
+            self.session._open(await self.gateway.http.asend(self._open_call()))
             # A new session starts at step 0 on the server; keep the steps SAFE calls already took.
             self.session._steps, self.session._safe = steps, safe
             self.opened = True
             self.gateway.remember(self)
+
+    def _open_call(self) -> Call:
+        call = self.session._open_call()
+        if call.method != "POST":
+            return call
+        return Call(call.method, call.path, {**call.body, "on_idle": self.gateway.config.on_idle})
+
+    def adopt(self, data: dict[str, Any]) -> None:
+        """Serve a handle run from the server's copy (``data``: its session), wherever it
+        started."""
+        self.session._apply(data)
+        self.session._steps = _Clock(data.get("created"), int(data.get("step_index") or 0))
+        self.opened = self.session.state in ("running", "awaiting_approval")
+        self.handle = True
+        if not self.opened:
+            self.over = (
+                f"This run is over ({self.session.state}); the tool call was not executed. "
+                "Call undolog_start_run for a new run."
+            )
 
     async def resume(self, session_id: str) -> bool:
         self.session = Session(
@@ -112,9 +202,32 @@ class Run:
         self.opened = self.session.state in ("running", "awaiting_approval")
         return self.opened
 
+    def record_safe(self, tool: str, args: dict[str, Any]) -> None:
+        self.session._record_safe(tool, args)
+        if self.handle and self.gateway.background is not None and not self._flushing:
+            # The run's next request may reach another replica, or none: report it now.
+            self._flushing = True
+            self.gateway.background.start_soon(self.flush_safe)
+
+    async def flush_safe(self) -> None:
+        """Report the SAFE calls no request has carried yet (a handle run's, right after they
+        ran)."""
+        self._flushing = False
+        safe = self.session._drain_safe()
+        if not safe:
+            return
+        try:
+            await self.gateway.http.asend(
+                Call("POST", f"/api/v1/sessions/{self.session.id}/safe-calls", {"safe_calls": safe})
+            )
+        except UndoLogConnectionError:
+            self.session._safe.extendleft(reversed(safe))  # the next request carries them
+        except UndoLogError as exc:
+            log.debug("SAFE calls of run %s not reported: %s", self.session.id, exc)
+
     async def end(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """``complete`` or ``fail`` the session (reporting the last SAFE calls)."""
-        if not self.opened and not self.session._safe and verb == "complete":
+        if not self.opened and not self.session._safe and verb == "complete" and not self.handle:
             return {}
         await self.ensure_open()
         answer = await self.session._adrive(self.session._finish(verb, body))
@@ -137,10 +250,11 @@ class Gateway:
         self.upstreams: dict[str, Upstream] = {}
         self.listed: dict[str, list[Any]] = {}
         self.routes: dict[str, Route] = {}
-        self.runs: dict[str, Run] = {}
+        self.runs: dict[str, Run] = {}  # conversation key or run handle -> its run
         self.clients: dict[
             str, Any
         ] = {}  # key -> the client's ServerSession, to say tools/list_changed
+        self.background: Any = None  # a task group for work after an answer (set by the server)
         self.compensators: dict[str, tuple[str, str]] = {
             comp.function_name(server.name): (comp.server or server.name, comp.tool)
             for server in config.servers
@@ -225,51 +339,129 @@ class Gateway:
     def mcp_tools(self) -> list[Any]:
         from mcp import types
 
-        tools = [dataclass_copy(route) for route in self.routes.values()]
+        tools = [with_run_argument(dataclass_copy(route)) for route in self.routes.values()]
         tools.append(
             types.Tool(
-                name=FINISH_RUN,
+                name=START_RUN,
                 description=(
-                    "Finish this run: everything done so far stands. Call it when the task is done."
+                    "Start a run (one task of this conversation) and get its handle. Pass the "
+                    f"handle as {RUN_ARG} to every other tool call of this conversation: over "
+                    "stateless HTTP a call without it is refused. Call it once per conversation."
                 ),
                 input_schema={"type": "object", "properties": {}},
             )
         )
         tools.append(
-            types.Tool(
-                name=FAIL_RUN,
-                description=(
-                    "Fail this run and roll it back: every change it made that has an undo is "
-                    "undone, "
-                    "newest first. Give the reason."
-                ),
-                input_schema={
-                    "type": "object",
-                    "properties": {"reason": {"type": "string"}},
-                    "required": ["reason"],
-                },
+            with_run_argument(
+                types.Tool(
+                    name=FINISH_RUN,
+                    description=(
+                        "Finish this run: everything done so far stands. Call it when the task is "
+                        "done."
+                    ),
+                    input_schema={"type": "object", "properties": {}},
+                )
+            )
+        )
+        tools.append(
+            with_run_argument(
+                types.Tool(
+                    name=FAIL_RUN,
+                    description=(
+                        "Fail this run and roll it back: every change it made that has an undo is "
+                        "undone, newest first. Give the reason."
+                    ),
+                    input_schema={
+                        "type": "object",
+                        "properties": {"reason": {"type": "string"}},
+                        "required": ["reason"],
+                    },
+                )
             )
         )
         return tools
 
     # -- runs ----------------------------------------------------------------------------
 
-    def run_for(self, key: str) -> Run:
+    def run_for(self, key: str, caller: Caller = STDIO) -> Run:
         run = self.runs.get(key)
         if run is None:
-            run = self.runs[key] = Run(self, key)
+            run = self.runs[key] = Run(self, key, caller)
         return run
 
+    async def start_run(self, caller: Caller) -> Run:
+        """``undolog_start_run``: a new run named by its handle (the undolog session id)."""
+        run = Run(self, None, caller)
+        await run.ensure_open()
+        run.key, run.handle = run.session.id, True
+        run.session._steps = _Clock(run.session.data.get("created"), 0)
+        self._cache(run)
+        return run
+
+    async def run_of(self, caller: Caller, handle: Any) -> Run:
+        """The run a call belongs to (see the module docstring); raises Unattributed."""
+        if caller.run_header is not None:
+            if handle is not None and handle != caller.run_header:
+                raise Unattributed(
+                    f"The Undolog-Run header and the {RUN_ARG} argument name different runs; "
+                    "the call was not run."
+                )
+            handle = caller.run_header
+        if handle is not None:
+            return await self._run_by_handle(caller, handle)
+        if caller.conversation is not None:
+            run = self.run_for(caller.conversation, caller)
+            if run.client != caller.client:
+                raise Unattributed(
+                    "This MCP session belongs to another client; the call was not run."
+                )
+            return run
+        raise Unattributed(
+            "This gateway serves many clients over stateless MCP and cannot tell which run this "
+            f"call belongs to, so it was not run. Call {START_RUN} once, then pass the run handle "
+            f"it returns as the {RUN_ARG} argument of every call of this conversation."
+        )
+
+    async def _run_by_handle(self, caller: Caller, handle: Any) -> Run:
+        """1. The handle must be a run handle (the 36-character id ``undolog_start_run`` gave).
+        2. A run this replica serves already: it must be this client's.
+        3. Else read it from the server (any replica may have started it): a run of this gateway's
+           agent, started through a gateway by this client (``metadata.client``)."""
+        key = _parse_handle(handle)
+        run = self.runs.get(key)
+        if run is None:
+            try:
+                data = await self.http.asend(Call("GET", f"/api/v1/sessions/{key}"))
+            except UndoLogError as exc:
+                if exc.code not in ("session_not_found", "not_found") and exc.status != 404:
+                    raise
+                data = {}
+            metadata = data.get("metadata") or {}
+            if metadata.get("via") != "mcp-gateway" or metadata.get("client") != caller.client:
+                raise Unattributed(_not_yours(key, caller))
+            run = Run(self, key, caller)
+            run.adopt(data)
+            self._cache(run)
+        if run.client != caller.client:
+            raise Unattributed(_not_yours(key, caller))
+        return run
+
+    def _cache(self, run: Run) -> None:
+        assert run.key is not None
+        self.runs[run.key] = run
+        while len(self.runs) > MAX_CACHED_RUNS:  # oldest first; the server still has them
+            self.runs.pop(next(iter(self.runs)))
+
     def remember(self, run: Run) -> None:
-        if self.config.state_file and run.key == "stdio":
+        if self.config.state_file and run.key == "stdio" and not run.handle:
             self.config.state_file.write_text(json.dumps({"session": run.session.id}))
 
     def forget(self, run: Run, *, keep: bool = False) -> None:
         """The run ended. `keep`: it stays in place, refusing calls (a reviewer or the server ended
         it); otherwise the client's next call starts a new run."""
-        if self.runs.get(run.key) is run and not keep:
+        if run.key is not None and self.runs.get(run.key) is run and not keep:
             del self.runs[run.key]
-        if self.config.state_file and run.key == "stdio":
+        if self.config.state_file and run.key == "stdio" and not run.handle:
             self.config.state_file.unlink(missing_ok=True)
 
     async def _resume(self) -> None:
@@ -277,7 +469,7 @@ class Gateway:
         if not state or not state.exists():
             return
         session_id = json.loads(state.read_text() or "{}").get("session")
-        run = Run(self, "stdio")
+        run = Run(self, "stdio", STDIO)
         if session_id and await run.resume(session_id):
             self.runs["stdio"] = run
             log.info("resumed run %s (the previous gateway did not finish it)", session_id)
@@ -288,7 +480,7 @@ class Gateway:
         """The client went away cleanly: its run is complete."""
         self.clients.pop(key, None)
         run = self.runs.get(key)
-        if run is not None and run.over is None:
+        if run is not None and run.over is None and not run.handle:
             try:
                 await run.end("complete", {})
             except UndoLogError as exc:
@@ -298,29 +490,49 @@ class Gateway:
     # -- one call ------------------------------------------------------------------------
 
     async def call(
-        self, key: str, name: str, args: dict[str, Any], progress: Progress | None = None
+        self,
+        caller: Caller | str,
+        name: str,
+        args: dict[str, Any],
+        progress: Progress | None = None,
     ) -> Any:
         """One ``tools/call``:
 
-        1. A meta-tool ends the run (finish, or fail and roll back).
-        2. A run a reviewer or the server ended refuses every call.
-        3. SAFE: recorded for the next request, forwarded at once.
-        4. Otherwise the SDK's flow: intercept; compensable runs upstream and commits its result
+        1. ``undolog_start_run`` mints a run and its handle.
+        2. Which run: the handle (argument or header), else the conversation; neither, or a run
+           this client does not own, refuses the call (nothing runs).
+        3. A meta-tool ends the run (finish, or fail and roll back).
+        4. A run a reviewer or the server ended refuses every call.
+        5. SAFE: forwarded at once, reported with the next request (a handle run's: right after).
+        6. Otherwise the SDK's flow: intercept; compensable runs upstream and commits its result
            (or fails with its error); irreversible waits for the reviewer, sending progress, up
            to ``approval_wait_s``; a replay returns the committed result without running.
         """
-        if name in (FINISH_RUN, FAIL_RUN):
-            return await self._meta(key, name, args)
+        if isinstance(caller, str):
+            caller = Caller("stdio", caller)
+        args = dict(args)
+        handle = args.pop(RUN_ARG, None)
+        if name == START_RUN:
+            return await self._start(caller)
         route = self.routes.get(name)
-        if route is None:
+        if route is None and name not in META_TOOLS:
             return error_result(f"No tool named {name!r} behind this gateway.")
-        run = self.run_for(key)
+        try:
+            run = await self.run_of(caller, handle)
+        except Unattributed as exc:
+            return error_result(str(exc))
+        except UndoLogError as exc:
+            return error_result(refusal_as_tool_result(exc))
+        if name in (FINISH_RUN, FAIL_RUN):
+            return await self._meta(run, name, args)
+        assert route is not None
         if run.over is not None:
             return error_result(run.over)
         upstream = self.upstreams[route.server]
         if route.declared.safe:
-            run.session._record_safe(route.exposed, args)
-            return await upstream.call(route.upstream_name, args)
+            result = await upstream.call(route.upstream_name, args)
+            run.record_safe(route.exposed, args)
+            return result
         ran: dict[str, Any] = {}
 
         async def execute(edited: dict[str, Any] | None = None) -> Any:
@@ -340,6 +552,16 @@ class Gateway:
         except Exception as exc:
             return await self._outcome(run, route, exc)
         return ran["result"] if "result" in ran else replayed_result(value)
+
+    async def _start(self, caller: Caller) -> Any:
+        try:
+            run = await self.start_run(caller)
+        except UndoLogError as exc:
+            return error_result(refusal_as_tool_result(exc))
+        return text_result(
+            f"Run started. Pass {RUN_ARG}={run.key!r} to every tool call of this conversation.",
+            structured={"run": run.key},
+        )
 
     async def _drive(
         self,
@@ -439,14 +661,16 @@ class Gateway:
     def dashboard(self) -> str:
         return (self.config.dashboard_url or self.http.base_url).rstrip("/")
 
-    async def _meta(self, key: str, name: str, args: dict[str, Any]) -> Any:
-        run = self.run_for(key)
+    async def _meta(self, run: Run, name: str, args: dict[str, Any]) -> Any:
+        next_run = (
+            f"call {START_RUN} for a new run" if run.handle else "the next call starts a new run"
+        )
         try:
             if name == FINISH_RUN:
                 answer = await run.end("complete", {})
                 return text_result(
                     f"Run finished ({(answer.get('session') or {}).get('state', 'completed')}); "
-                    "the next call starts a new run."
+                    f"{next_run}."
                 )
             reason = str(args.get("reason") or "failed by the agent")
             answer = await run.end("fail", {"error": reason})
@@ -456,7 +680,7 @@ class Gateway:
         state = (answer.get("session") or {}).get("state", "failed")
         return text_result(
             f"Run failed ({reason}); its changes are being rolled back newest first "
-            f"(session {state}). The next call starts a new run."
+            f"(session {state}); {next_run}."
         )
 
     # -- compensations that run here -----------------------------------------------------
@@ -539,10 +763,52 @@ def error_result(text: str) -> Any:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-def text_result(text: str) -> Any:
+def text_result(text: str, structured: dict[str, Any] | None = None) -> Any:
     from mcp import types
 
-    return types.CallToolResult(content=[types.TextContent(text=text)])
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)], structured_content=structured
+    )
+
+
+def with_run_argument(tool: Any) -> Any:
+    """The tool as listed, taking the run handle too (optional in the schema: stdio and legacy
+    session clients have a run without it)."""
+    schema = dict(tool.input_schema or {"type": "object"})
+    properties = dict(schema.get("properties") or {})
+    properties.setdefault(
+        RUN_ARG,
+        {
+            "type": "string",
+            "maxLength": MAX_HANDLE_CHARS,
+            "description": f"The run handle {START_RUN} returned (needed over stateless HTTP).",
+        },
+    )
+    schema["properties"] = properties
+    return tool.model_copy(update={"input_schema": schema})
+
+
+def _parse_handle(handle: Any) -> str:
+    if not isinstance(handle, str) or not 0 < len(handle) <= MAX_HANDLE_CHARS:
+        shown = handle[:40] + "…" if isinstance(handle, str) and len(handle) > 40 else handle
+        raise Unattributed(
+            f"{RUN_ARG}={shown!r} is not a run handle (the 36-character id {START_RUN} returned); "
+            "the call was not run."
+        )
+    try:
+        return str(uuid.UUID(handle))
+    except ValueError:
+        raise Unattributed(
+            f"{RUN_ARG}={handle!r} is not a run handle (the 36-character id {START_RUN} "
+            "returned); the call was not run."
+        ) from None
+
+
+def _not_yours(handle: str, caller: Caller) -> str:
+    return (
+        f"No run {handle} of this client ({caller.client}) behind this gateway; the call was not "
+        f"run. Call {START_RUN} for a run of your own."
+    )
 
 
 def replayed_result(value: Any) -> Any:
