@@ -9,6 +9,11 @@
    same intercept + upstream call + commit made by the SDK's decorated tool in-process, against
    the same undolog server on PostgreSQL (goal: within 10 %).
 
+3. Over streamable HTTP (`--http`, a client token, the run handle on every call): the same SAFE
+   and COMPENSABLE calls from a real `mcp.Client` with the package's default negotiation
+   (2026-07-28, stateless) and with the legacy handshake (2025-11-25), beside the stdio gateway,
+   rounds alternating, in the same run.
+
 The upstream is bench/mcp_upstream.py (in memory, so the figures are the hops, not the upstream);
 the two sides of each comparison alternate round by round against the same processes.
 """
@@ -50,6 +55,9 @@ def write_config(tmp: Path) -> Path:
 [undolog]
 approval_wait_s = 5
 claim_poll_s = 5
+
+[clients.bench]
+token = "${{BENCH_GATEWAY_TOKEN}}"
 
 [servers.bench]
 command = {json.dumps(UPSTREAM)}
@@ -138,6 +146,67 @@ async def in_process(config: Path, safe_calls: int, rounds: int) -> tuple[float,
     return bare, through
 
 
+HTTP_TOKEN = "bench-gateway-token-0123456789"
+
+
+async def over_http(env: dict[str, str], config: Path, safe_calls: int, calls: int, rounds: int
+                    ) -> dict[str, float]:
+    """SAFE and COMPENSABLE calls through `undolog gateway --http` (stateless with a run handle,
+    and legacy) and through the stdio gateway, rounds alternating; best round of each."""
+    import subprocess
+
+    from mcp import Client, ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from bench.common import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "undolog", "gateway", "--config", str(config), "--http",
+                                f"127.0.0.1:{port}"], env=env,
+                               cwd=BASE_DIR, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        await _listening(url)
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
+        legacy_http = create_mcp_http_client(headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
+        command = [sys.executable, "-m", "undolog", "gateway", "--config", str(config)]
+        async with http, legacy_http, Client(streamable_http_client(url, http_client=http)) as modern, \
+                Client(streamable_http_client(url, http_client=legacy_http), mode="legacy") as legacy, \
+                stdio(command, env) as (read, write), ClientSession(read, write) as piped:
+            await piped.initialize()
+            assert (modern.protocol_version, legacy.protocol_version) == ("2026-07-28", "2025-11-25")
+            run = (await modern.call_tool("undolog_start_run", {})).structured_content["run"]
+            paths = {"stdio": (piped, {}), "http": (modern, {"undolog_run": run}), "http_legacy": (legacy, {})}
+            best = {f"{path}_{kind}": inf for path in paths for kind in ("safe", "compensable")}
+            for r in range(rounds):
+                for path, (client, extra) in paths.items():
+                    best[f"{path}_safe"] = min(best[f"{path}_safe"], await round_ms(
+                        lambda n, c=client, e=extra: c.call_tool("list_issues", e), safe_calls // 3))
+                    best[f"{path}_compensable"] = min(best[f"{path}_compensable"], await round_ms(
+                        lambda n, c=client, e=extra, p=path, r=r: c.call_tool(
+                            "create_issue", {"title": f"{p} {r}.{n}", **e}), calls))
+    finally:
+        import signal
+
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    return best
+
+
+async def _listening(url: str) -> None:
+    import httpx
+
+    with anyio.fail_after(60):
+        while True:
+            try:
+                async with httpx.AsyncClient() as client:
+                    await client.get(url, timeout=1)
+                return
+            except httpx.HTTPError:
+                await anyio.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gateway")
     parser.add_argument("--safe-calls", type=int, default=300)
@@ -149,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     server = Server("uvicorn (ASGI)", workers=2)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "UNDOLOG_URL": server.base, "UNDOLOG_API_KEY": key, "UNDOLOG_AGENT": agent}
+            env = {**os.environ, "UNDOLOG_URL": server.base, "UNDOLOG_API_KEY": key, "UNDOLOG_AGENT": agent,
+                   "BENCH_GATEWAY_TOKEN": HTTP_TOKEN}
             config = write_config(Path(tmp))
             best = anyio.run(measure, env, server.base, key, agent, config, args.safe_calls, args.calls,
                              args.rounds)
-            os.environ.update(UNDOLOG_URL=server.base, UNDOLOG_API_KEY=key, UNDOLOG_AGENT=agent)
+            os.environ.update(UNDOLOG_URL=server.base, UNDOLOG_API_KEY=key, UNDOLOG_AGENT=agent,
+                              BENCH_GATEWAY_TOKEN=HTTP_TOKEN)
             bare, through = anyio.run(in_process, config, args.safe_calls, args.rounds)
+            http = anyio.run(over_http, env, config, args.safe_calls, args.calls, args.rounds)
     finally:
         server.stop()
     direct, gw_safe, sdk, gw_comp = best["direct"], best["gateway_safe"], best["sdk"], best["gateway"]
@@ -167,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{gw_comp:6.2f} ms  ratio {ratio:4.2f} (goal <= {COMPENSABLE_GOAL:.2f})")
     print(f"SAFE, the gateway's own work in-process: upstream call {bare:6.3f} ms  Gateway.call {through:6.3f} ms  "
           f"added {through - bare:6.3f} ms")
+    for kind in ("safe", "compensable"):
+        base_ms = http[f"stdio_{kind}"]
+        print(f"{kind.upper()} over streamable HTTP: stdio gateway {base_ms:6.3f} ms  "
+              f"HTTP 2026-07-28 (run handle) {http[f'http_{kind}']:6.3f} ms ({http[f'http_{kind}'] / base_ms:4.2f}x)  "
+              f"HTTP 2025-11-25 (session) {http[f'http_legacy_{kind}']:6.3f} ms "
+              f"({http[f'http_legacy_{kind}'] / base_ms:4.2f}x)")
     ok = added < SAFE_GOAL_MS and opened == 0 and ratio <= COMPENSABLE_GOAL
     print("gateway:", "OK" if ok else "OUTSIDE GOAL")
     return 0 if opened == 0 else 1  # a round trip on the SAFE path is a bug; timings are reported

@@ -226,3 +226,48 @@ def test_a_gateway_on_a_public_address_without_client_tokens_refuses_to_start(ha
     assert done.returncode == 1
     assert "refusing to serve --http on 0.0.0.0" in done.stderr and "[clients.<name>]" in done.stderr
     assert gateway.tracker.read()["calls"] == [] and "parents" not in gateway.tracker.read()  # no upstream started
+
+
+def test_the_person_a_client_acts_for_cannot_approve_its_runs_calls(harness, acme):
+    gateway = harness(extra=CLIENTS, approval_wait_s=1)
+    ana_herself = acme.person("ana@example.com", "reviewer")
+
+    async def scenario(url):
+        async with mcp_over_http(url, TOKENS["ana"]) as ana:
+            run = await start(ana)
+            await ana.call_tool("create_issue", {"title": "a", "undolog_run": run})
+            waiting = await ana.call_tool("delete_issue", {"number": 1, "undolog_run": run})
+            assert waiting.is_error and "awaits a reviewer's approval" in text(waiting)
+            (pending,) = await anyio.to_thread.run_sync(gateway.person.pending)
+            refused = await anyio.to_thread.run_sync(lambda: ana_herself.post(
+                f"/api/v1/approvals/{pending['id']}/approve", {"reason": "mine"}, format="json"))
+            assert refused.status_code == 403 and "You started this run" in refused.json()["message"]
+            assert gateway.tracker.calls("delete_issue") == []
+            approved = await anyio.to_thread.run_sync(gateway.person.decide, pending["id"], "approve")
+            assert approved.status_code == 200
+            return await ana.call_tool("delete_issue", {"number": 1, "undolog_run": run})
+
+    with http_gateway(gateway) as (url, _):
+        again = anyio.run(scenario, url)
+
+    assert not again.is_error, text(again)
+    assert gateway.tracker.calls("delete_issue") == [["delete_issue", {"number": 1}]]
+
+
+def test_a_legacy_session_opened_by_one_client_is_refused_to_another(harness, acme):
+    gateway = harness(extra=CLIENTS)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    accept = {"Accept": "application/json, text/event-stream"}
+
+    with http_gateway(gateway) as (url, _):
+        opened = httpx.post(url, json=initialize, headers={**accept, "Authorization": f"Bearer {TOKENS['ana']}"})
+        session_id = opened.headers["mcp-session-id"]
+        legacy = {**accept, "Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-11-25"}
+        by_bo = httpx.post(url, json=listing, headers={**legacy, "Authorization": f"Bearer {TOKENS['bo']}"})
+        by_ana = httpx.post(url, json=listing, headers={**legacy, "Authorization": f"Bearer {TOKENS['ana']}"})
+
+    assert opened.status_code == 200
+    assert by_bo.status_code == 404 and by_bo.json()["error"] == "session_not_found"
+    assert by_ana.status_code == 200 and "create_issue" in by_ana.text

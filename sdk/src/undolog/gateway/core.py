@@ -255,6 +255,7 @@ class Gateway:
             str, Any
         ] = {}  # key -> the client's ServerSession, to say tools/list_changed
         self.background: Any = None  # a task group for work after an answer (set by the server)
+        self._listed_tools: tuple[dict[str, Route], list[Any]] | None = None
         self.compensators: dict[str, tuple[str, str]] = {
             comp.function_name(server.name): (comp.server or server.name, comp.tool)
             for server in config.servers
@@ -336,7 +337,20 @@ class Gateway:
             except Exception as exc:  # a client that went away
                 log.debug("could not tell a client about changed tools: %r", exc)
 
+    def input_schema(self, name: str) -> Any:
+        """The listed input schema of one exposed tool (None: no such tool)."""
+        for tool in self.mcp_tools():
+            if tool.name == name:
+                return tool.input_schema
+        return None
+
     def mcp_tools(self) -> list[Any]:
+        """The tools as listed (rebuilt only when the routes change: every stateless call asks)."""
+        if self._listed_tools is None or self._listed_tools[0] is not self.routes:
+            self._listed_tools = (self.routes, self._build_tools())
+        return self._listed_tools[1]
+
+    def _build_tools(self) -> list[Any]:
         from mcp import types
 
         tools = [with_run_argument(dataclass_copy(route)) for route in self.routes.values()]

@@ -69,6 +69,9 @@ def build_server(gateway: Gateway) -> Any:
         "undolog-gateway",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        # A stateless tools/call checks its Mcp-Param-* headers against the tool's schema: from
+        # here, not by running tools/list for every call (the mcp package's fallback).
+        get_tool_input_schema=gateway.input_schema,
         instructions="Tools behind undolog: reads run at once, changes can be undone, "
         "irreversible calls wait for a person. Start with undolog_start_run and pass its run "
         "handle as undolog_run to every call; call undolog_finish_run when done, "
