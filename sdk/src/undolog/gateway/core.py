@@ -65,6 +65,9 @@ META_TOOLS = (START_RUN, FINISH_RUN, FAIL_RUN)
 RUN_ARG = "undolog_run"  # the run handle every exposed tool takes (stripped before the upstream)
 MAX_HANDLE_CHARS = 64
 MAX_CACHED_RUNS = 10_000  # handle runs a replica remembers; a forgotten one is read again
+# A handle run's SAFE calls are reported this long after the first of a burst: one request for
+# the burst, and a replica killed meanwhile loses at most that long's SAFE counts.
+SAFE_REPORT_AFTER_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -209,9 +212,10 @@ class Run:
             self._flushing = True
             self.gateway.background.start_soon(self.flush_safe)
 
-    async def flush_safe(self) -> None:
-        """Report the SAFE calls no request has carried yet (a handle run's, right after they
-        ran)."""
+    async def flush_safe(self, after_s: float = SAFE_REPORT_AFTER_S) -> None:
+        """Report the SAFE calls no request has carried yet (a handle run's, shortly after they
+        ran: the SAFE calls of a burst share one request)."""
+        await anyio.sleep(after_s)
         self._flushing = False
         safe = self.session._drain_safe()
         if not safe:
@@ -222,8 +226,8 @@ class Run:
             )
         except UndoLogConnectionError:
             self.session._safe.extendleft(reversed(safe))  # the next request carries them
-        except UndoLogError as exc:
-            log.debug("SAFE calls of run %s not reported: %s", self.session.id, exc)
+        except Exception as exc:  # a background task: an error here must not stop the server
+            log.warning("SAFE calls of run %s not reported: %s", self.session.id, exc)
 
     async def end(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """``complete`` or ``fail`` the session (reporting the last SAFE calls)."""

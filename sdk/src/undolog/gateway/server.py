@@ -244,6 +244,9 @@ async def serve_http(gateway: Gateway, host: str, port: int) -> None:
             group.start_soon(gateway.serve_compensations)
             group.start_soon(stop_on_signal)
             await web.serve()
-            for key in list(gateway.runs):
-                await gateway.disconnected(key)
+            for key, run in list(gateway.runs.items()):
+                if run.handle:
+                    await run.flush_safe(0)  # its SAFE calls not yet reported: now, not lost
+                else:
+                    await gateway.disconnected(key)
             group.cancel_scope.cancel()
