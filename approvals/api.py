@@ -19,14 +19,14 @@ from rest_framework.response import Response
 
 from approvals import events, shapes
 from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook, SlackConnection
+from core.errors import DomainError, Invalid
 from core.outbound import check_target
 from core.schema import errors, ok
+from core.validation import StrictSerializer, validated
 from effects.models import EffectTransition, Session, Tool
 from orgs.auth import IsAdmin, IsMember, IsReviewer
 from orgs.models import Agent, validate_time_zone
 from orgs.views import OrgScopedAPIView, OrgScopedViewSet
-from undolog_site.errors import DomainError, Invalid
-from undolog_site.validation import StrictSerializer, validated
 
 MAX_WEBHOOKS_PER_ORG = 20
 
@@ -314,7 +314,7 @@ class OrgSettingsSerializer(StrictSerializer):
         if len(value) > 50 or any(not tag or len(tag) > 50 for tag in value):
             raise serializers.ValidationError("At most 50 risk tags of at most 50 characters each.")
         return value
-    # Abandoned runs (effects/abandon.py): 0 never; an agent may override it.
+    # Abandoned runs (lifecycle/abandon.py): 0 never; an agent may override it.
     run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, required=False)
     rate_limit_per_key = serializers.IntegerField(
         min_value=1, max_value=10_000_000, required=False, allow_null=True,

@@ -30,7 +30,6 @@ from django.utils.safestring import SafeString, mark_safe
 from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
-from effects import claims
 from effects.models import (
     Effect,
     EffectTransition,
@@ -512,7 +511,7 @@ def session_context(session: Session) -> dict[str, Any]:
     for entry in entries:
         entry.attempt_rows = attempts[entry.pk]
         entry.args_json = _json(entry.args)
-        entry.waiting_for = claims.waiting_for(entry, entry.fn)  # an agent-side undo: who it waits for
+        entry.waiting_for = entry.waiting_note(entry.fn)  # an agent-side undo: who it waits for
     open_entries = [entry for entry in entries if entry.state not in UndoEntry.TERMINAL]
     return {
         "session": session,

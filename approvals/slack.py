@@ -37,8 +37,8 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from approvals.models import ApprovalRequest, SlackConnection, SlackMessage, SlackUserLink
+from core.errors import DomainError
 from orgs.models import Event, Membership
-from undolog_site.errors import DomainError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from undolog_site import logs
+from core import logs
 
 
 class DomainError(Exception):

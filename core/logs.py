@@ -2,7 +2,7 @@
 
 Every HTTP request gets an id: the caller's `X-Request-ID` when it is a sane token (a proxy or
 load balancer usually sets one), else a new one. It goes back in the response's `X-Request-ID`,
-into every error body as `request_id` (undolog_site/errors.py), and onto every log line written
+into every error body as `request_id` (core/errors.py), and onto every log line written
 while the request runs. `LOG_FORMAT=json` writes one JSON object per line (`ts`, `level`,
 `logger`, `message`, `request_id`, and `exc` with the traceback when there is one).
 """

@@ -12,7 +12,7 @@ from rest_framework.exceptions import NotFound as DRFNotFound
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
-from undolog_site.errors import Invalid
+from core.errors import Invalid
 
 
 def bad(name: str, message: str) -> Invalid:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rest_framework.parsers import JSONParser
 
-from undolog_site.errors import DomainError
+from core.errors import DomainError
 
 MAX_JSON_DEPTH = 64
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from undolog_site.errors import Invalid
+from core.errors import Invalid
 
 
 class StrictSerializer(serializers.Serializer):

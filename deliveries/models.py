@@ -110,6 +110,7 @@ class Delivery(models.Model):
         return f"{self.purpose} {self.kind} → {self.url or 'email'} ({self.state})"
 
     def enqueue_after_commit(self) -> None:
+        # Imported here: deliveries.tasks imports these models (and send, which does too).
         from deliveries import tasks
 
         transaction.on_commit(lambda: enqueue(tasks.deliver, str(self.pk)))

@@ -16,9 +16,10 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from core import fanout as events
+from core.errors import Conflict
 from core.outbound import check_target
+from effects import longpoll
 from orgs.models import Agent, Event, Organization
-from undolog_site.errors import Conflict
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -49,7 +50,10 @@ def sha256(text: str) -> str:
 # A run is over (completed or failed), sent inside its transaction. budgets connects the
 # on_exceeded verdict to it (budgets/apps.py): budgets reads runs, runs do not import budgets.
 session_ended = Signal()
-# Who fails a run that went silent (effects/abandon.py), in its history and events.
+# A compensating run has open entries to walk, sent after its transaction commits. lifecycle
+# connects the walk's enqueue to it (lifecycle/apps.py): the walk joins apps above effects.
+walk_due = Signal()
+# Who fails a run that went silent (lifecycle/abandon.py), in its history and events.
 ABANDON_ACTOR = "idle"
 
 class _KeepMissing(dict):
@@ -382,7 +386,7 @@ class Session(models.Model):
                                                         tool__executor_url__gt=""))))
 
     def abandon(self, timeout_s: int, now) -> None:
-        """The run went silent past its idle timeout (effects/abandon.py): fail it as abandoned,
+        """The run went silent past its idle timeout (lifecycle/abandon.py): fail it as abandoned,
         with a `session.abandoned` event, in one transaction. The guarded UPDATE restates the
         silence (still running, no intercept since the cutoff, nothing `kept_alive`), so a call
         that lands first keeps the run alive (Conflict)."""
@@ -422,10 +426,8 @@ class Session(models.Model):
             self.move({self.State.COMPENSATING}, self.State.COMPENSATED, actor=actor,
                       reason="nothing (left) to compensate")
             return
-        from effects.tasks import enqueue_walk
-
         session_id = self.pk
-        transaction.on_commit(lambda: enqueue_walk(session_id))
+        transaction.on_commit(lambda: walk_due.send(sender=Session, session_id=session_id))
 
     def await_approval(self, actor: str) -> None:
         self.move({self.State.RUNNING}, self.State.AWAITING_APPROVAL, actor=actor)
@@ -568,8 +570,6 @@ class Effect(models.Model):
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
              **fields: Any) -> None:
         """The one place effect state changes: guarded UPDATE, history row, wake-up after commit."""
-        from effects import longpoll
-
         now = timezone.now()
         with transaction.atomic(savepoint=False):
             changed = Effect.objects.filter(pk=self.pk, state__in=allowed_from).update(
@@ -758,6 +758,19 @@ class UndoEntry(models.Model):
     @property
     def retries_left(self) -> bool:
         return self.attempts_in_round < self.max_retries + 1
+
+    def waiting_note(self, fn: CompensationFunction) -> str | None:
+        """What an open agent-side entry waits for, in words, for the dashboard and the API."""
+        if fn.handler != CompensationFunction.Handler.AGENT or self.state not in UndoEntry.OPEN:
+            return None
+        if self.state == UndoEntry.State.RUNNING:
+            return f"claimed by the agent side (attempt {self.attempts}); its lease ends {self.lease_until:%H:%M:%S}"
+        if self.state == UndoEntry.State.PENDING and self.claim_deadline:
+            return (f"waiting for the agent side to claim it (gateway or serve_compensations); "
+                    f"a person is called at {self.claim_deadline:%H:%M:%S}")
+        if self.state == UndoEntry.State.PENDING:
+            return "run by the agent side once the walk reaches it"
+        return None
 
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, attempt: int | None = None,
              **fields: Any) -> bool:

@@ -22,9 +22,9 @@ from datetime import timedelta
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from core.errors import Conflict
 from effects.models import Effect, Session
 from orgs.models import Agent, Organization
-from undolog_site.errors import Conflict
 
 log = logging.getLogger(__name__)
 BATCH = 200

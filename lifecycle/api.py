@@ -1,12 +1,14 @@
-"""REST API of the registry, sessions and effects (DESIGN.md's API contract)."""
+"""REST API of the runs: sessions, the intercept, effects and undo entries (DESIGN.md's API contract).
+
+The registry (tools, compensation functions) is effects/api.py.
+"""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from django.db import transaction
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -14,266 +16,18 @@ from rest_framework.response import Response
 
 from approvals.models import ApprovalRequest
 from budgets.bodies import budget_body
-from core.outbound import check_target
-from core.schema import constrain, errors, ok
-from effects import claims, longpoll, shapes
-from effects import intercept as pipeline
-from effects.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
-from effects.models import (
-    SEMVER,
-    CompensationFunction,
-    Effect,
-    Session,
-    Tier,
-    Tool,
-    UndoEntry,
-    validate_semver,
-)
-from orgs.auth import IsAdmin, IsAgent, IsAgentOrAdmin, IsAgentOrMember, IsAgentOrReviewer, IsReviewer, IsViewer
+from core.errors import DomainError, Invalid, NotFound
+from core.schema import errors, ok
+from core.validation import StrictSerializer, StringField, validated
+from effects import longpoll, shapes
+from effects.models import Effect, Session, Tier, UndoEntry
+from lifecycle import claims
+from lifecycle import intercept as pipeline
+from lifecycle import shapes as run_shapes
+from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
+from orgs.auth import IsAdmin, IsAgent, IsAgentOrMember, IsAgentOrReviewer, IsReviewer, IsViewer
 from orgs.models import Agent
-from orgs.views import OrgScopedAPIView, OrgScopedViewSet
-from undolog_site.errors import DomainError, Invalid, NotFound
-from undolog_site.validation import StrictSerializer, StringField, validated
-
-
-@extend_schema_field({"type": "string", "pattern": SEMVER.pattern, "maxLength": 64, "example": "1.0.0"})
-class SemverField(StringField):
-    """A semantic version (1.0.0); documented with its pattern."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_length=64, validators=[semver], **kwargs)
-
-
-def semver(value: str) -> str:
-    try:
-        validate_semver(value)
-    except Exception as exc:  # ValidationError from Django; DRF wants its own
-        raise serializers.ValidationError(str(exc.messages[0] if hasattr(exc, "messages") else exc)) from None
-    return value
-
-
-# ---------------------------------------------------------------- compensation registry
-
-
-class CompensationSerializer(StrictSerializer):
-    fn_name = serializers.RegexField(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
-    fn_version = SemverField()
-    handler = serializers.ChoiceField(choices=CompensationFunction.Handler.choices)
-    target = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
-    timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
-    claim_timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
-
-    def validate(self, attrs: dict) -> dict:
-        if attrs["handler"] == CompensationFunction.Handler.AGENT:
-            if attrs["target"]:
-                raise serializers.ValidationError({"target": ["An agent handler has no target: the agent side "
-                                                              "claims its entries (POST /undo-entries/claim)."]})
-        elif not attrs["target"].strip():
-            raise serializers.ValidationError({"target": ["A webhook URL or a dotted path is required."]})
-        elif attrs["handler"] == CompensationFunction.Handler.WEBHOOK:
-            problem = check_target(attrs["target"])
-            if problem:
-                raise serializers.ValidationError({"target": [problem]})
-        elif not all(part.isidentifier() for part in attrs["target"].split(".")) or "." not in attrs["target"]:
-            raise serializers.ValidationError({"target": ["A dotted path to a callable, like pkg.module.undo."]})
-        return attrs
-
-
-def compensation_dict(fn: CompensationFunction) -> dict[str, Any]:
-    return {"id": fn.pk, "fn_name": fn.fn_name, "fn_version": fn.fn_version, "handler": fn.handler,
-            "target": fn.target, "timeout_ms": fn.timeout_ms, "claim_timeout_s": fn.claim_timeout_s,
-            "description": fn.description}
-
-
-class CompensationsView(OrgScopedAPIView):
-    permission_classes = [IsAgentOrAdmin]
-    queryset = CompensationFunction.objects.all()
-
-    @extend_schema(summary="List the compensation registry", tags=["registry"],
-                   responses=ok(shapes.CompensationListDict))
-    def get(self, request: Request) -> Response:
-        fns = self.get_queryset()
-        return Response({"compensations": [compensation_dict(fn) for fn in fns]})
-
-    @extend_schema(summary="Register a compensation function (or update one)", tags=["registry"],
-                   request=CompensationSerializer,
-                   responses={**ok(shapes.CompensationDict, 201, "Registered."),
-                              **ok(shapes.CompensationDict, 200, "Updated (same name and version).")})
-    def post(self, request: Request) -> Response:
-        data = validated(CompensationSerializer, request.data)
-        fn, created = CompensationFunction.objects.update_or_create(
-            org=self.org, fn_name=data["fn_name"], fn_version=data["fn_version"],
-            defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "claim_timeout_s", "description")},
-        )
-        return Response(compensation_dict(fn), status=201 if created else 200)
-
-
-# ---------------------------------------------------------------- tools
-
-
-class CompensationDescriptorSerializer(StrictSerializer):
-    fn_name = StringField(max_length=100)
-    fn_version = SemverField()
-    args = serializers.DictField(required=False, default=dict)
-    max_retries = serializers.IntegerField(min_value=0, max_value=20, default=3)
-    retry_backoff_ms = serializers.IntegerField(min_value=0, max_value=3_600_000, default=1000)
-
-
-class ApprovalMetaSerializer(StrictSerializer):
-    reason = StringField(max_length=2000, allow_blank=True, trim_whitespace=True)
-    risk_tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list,
-                                      max_length=20)
-    estimated_impact = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
-    timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True,
-                                         default=None)
-    auto_approve_on_timeout = serializers.BooleanField(required=False, allow_null=True, default=None)
-    approvals_required = serializers.IntegerField(min_value=1, max_value=10, required=False, default=1)
-
-
-class ExecutorSerializer(StrictSerializer):
-    url = StringField(max_length=500)
-    timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=10000)
-
-
-class AnnotationsSerializer(StrictSerializer):
-    title = serializers.CharField(required=False, allow_blank=True)
-    readOnlyHint = serializers.BooleanField(required=False)  # noqa: N815 (MCP's spelling)
-    destructiveHint = serializers.BooleanField(required=False)  # noqa: N815
-    idempotentHint = serializers.BooleanField(required=False)  # noqa: N815
-    openWorldHint = serializers.BooleanField(required=False)  # noqa: N815
-
-
-class ToolSerializer(StrictSerializer):
-    name = serializers.RegexField(r"^[A-Za-z0-9_.:/-]{1,200}$")
-    tier = serializers.ChoiceField(choices=Tier.choices)
-    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
-    cost_weight = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, default=1,
-                                           coerce_to_string=False)
-    irreversible = serializers.BooleanField(required=False, allow_null=True, default=None)
-    annotations = AnnotationsSerializer(required=False)
-    compensation = CompensationDescriptorSerializer(required=False, allow_null=True)
-    approval = ApprovalMetaSerializer(required=False, allow_null=True)
-    executor = ExecutorSerializer(required=False, allow_null=True)
-
-    def validate(self, attrs: dict) -> dict:
-        tier = attrs["tier"]
-        if tier == Tier.COMPENSABLE and not attrs.get("compensation"):
-            raise serializers.ValidationError({"compensation": ["A compensable tool needs a compensation "
-                                                                "descriptor (fn_name, fn_version, args)."]})
-        if tier != Tier.COMPENSABLE and attrs.get("compensation"):
-            raise serializers.ValidationError({"compensation": [f"A {tier} tool has no compensation."]})
-        if tier == Tier.IRREVERSIBLE and not (attrs.get("approval") or {}).get("reason", "").strip():
-            raise serializers.ValidationError({"approval": ["An irreversible tool needs approval.reason "
-                                                            "(shown to the reviewer)."]})
-        if tier != Tier.IRREVERSIBLE and (attrs.get("approval") or attrs.get("executor")):
-            raise serializers.ValidationError({"approval": [f"Only irreversible tools take approval or executor "
-                                                            f"settings, not {tier} ones."]})
-        executor = attrs.get("executor")
-        if executor:
-            problem = check_target(executor["url"])
-            if problem:
-                raise serializers.ValidationError({"executor": {"url": [problem]}})
-        return attrs
-
-
-class ToolListSerializer(StrictSerializer):
-    tools = ToolSerializer(many=True, allow_empty=False, max_length=500)
-
-    def validate_tools(self, tools: list[dict]) -> list[dict]:
-        names = [tool["name"] for tool in tools]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise serializers.ValidationError(f"Tool names appear twice: {', '.join(duplicates)}.")
-        return tools
-
-
-constrain("ToolListRequest", "tools", minItems=1, maxItems=500)
-
-
-def tool_dict(tool: Tool) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": str(tool.id), "name": tool.name, "tier": tool.tier, "description": tool.description,
-        "cost_weight": float(tool.cost_weight), "irreversible": tool.irreversible,
-        "annotations": tool.annotations,
-    }
-    if tool.tier == Tier.COMPENSABLE and tool.compensation_fn:
-        body["compensation"] = {"fn_name": tool.compensation_fn.fn_name,
-                                "fn_version": tool.compensation_fn.fn_version,
-                                "args": tool.compensation_args, "max_retries": tool.max_retries,
-                                "retry_backoff_ms": tool.retry_backoff_ms}
-    if tool.tier == Tier.IRREVERSIBLE:
-        body["approval"] = {"reason": tool.approval_reason, "risk_tags": tool.risk_tags,
-                            "estimated_impact": tool.estimated_impact, "timeout_s": tool.approval_timeout_s,
-                            "auto_approve_on_timeout": tool.auto_approve_on_timeout,
-                            "approvals_required": tool.approvals_required}
-        if tool.executor_url:
-            body["executor"] = {"url": tool.executor_url, "timeout_ms": tool.executor_timeout_ms}
-    return body
-
-
-def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -> dict[str, Any]:
-    compensation, approval = spec.get("compensation") or {}, spec.get("approval") or {}
-    executor = spec.get("executor") or {}
-    irreversible = spec["irreversible"]
-    return {
-        "tier": spec["tier"], "description": spec["description"], "cost_weight": spec["cost_weight"],
-        "irreversible": spec["tier"] == Tier.IRREVERSIBLE if irreversible is None else irreversible,
-        "annotations": spec.get("annotations") or {},
-        "compensation_fn": fns.get((compensation.get("fn_name"), compensation.get("fn_version"))),
-        "compensation_args": compensation.get("args", {}),
-        "max_retries": compensation.get("max_retries", 3),
-        "retry_backoff_ms": compensation.get("retry_backoff_ms", 1000),
-        "approval_reason": approval.get("reason", ""), "risk_tags": approval.get("risk_tags", []),
-        "estimated_impact": approval.get("estimated_impact", ""),
-        "approval_timeout_s": approval.get("timeout_s"),
-        "auto_approve_on_timeout": approval.get("auto_approve_on_timeout"),
-        "approvals_required": approval.get("approvals_required", 1),
-        "executor_url": executor.get("url", ""), "executor_timeout_ms": executor.get("timeout_ms", 10000),
-    }
-
-
-class ToolsView(OrgScopedAPIView):
-    permission_classes = [IsAgentOrAdmin]
-    queryset = Tool.objects.select_related("compensation_fn")
-
-    @extend_schema(summary="List the registered tools", tags=["registry"], responses=ok(shapes.ToolListDict))
-    def get(self, request: Request) -> Response:
-        tools = self.get_queryset()
-        return Response({"tools": [tool_dict(tool) for tool in tools]})
-
-    @extend_schema(summary="Register or update tools, all or none", tags=["registry"], request=ToolListSerializer,
-                   responses=ok(shapes.ToolListDict))
-    def post(self, request: Request) -> Response:
-        """Register or update a list of tools: all of them, or none."""
-        org = self.org
-        specs = validated(ToolListSerializer, request.data)["tools"]
-        fns = self._compensation_functions(org, specs)
-        with transaction.atomic():
-            saved = []
-            for spec in specs:
-                tool, _ = Tool.objects.update_or_create(org=org, name=spec["name"], defaults=_tool_fields(spec, fns))
-                saved.append(tool)
-        return Response({"tools": [tool_dict(tool) for tool in saved]})
-
-    @staticmethod
-    def _compensation_functions(org, specs: list[dict]) -> dict[tuple[str, str], CompensationFunction]:
-        wanted = {(s["compensation"]["fn_name"], s["compensation"]["fn_version"]) for s in specs
-                  if s.get("compensation")}
-        names = {name for name, _ in wanted}
-        fns = {(fn.fn_name, fn.fn_version): fn for fn in
-               CompensationFunction.objects.filter(org=org, fn_name__in=names)}
-        errors = {}
-        for n, spec in enumerate(specs):
-            key = (spec["compensation"]["fn_name"], spec["compensation"]["fn_version"]) if spec.get("compensation") \
-                else None
-            if key and key not in fns:
-                errors[f"tools[{n}].compensation"] = (f"{key[0]}@{key[1]} is not in the compensation registry: "
-                                                      f"register it with POST /api/v1/compensations first.")
-        if errors:
-            raise Invalid(errors, next(iter(errors.values())))
-        return fns
-
+from orgs.views import OrgScopedViewSet
 
 # ---------------------------------------------------------------- sessions
 
@@ -372,7 +126,7 @@ class SessionViewSet(OrgScopedViewSet):
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],
-                   responses={**ok(shapes.SessionDetailDict), **errors(404, codes={404: ["session_not_found"]})})
+                   responses={**ok(run_shapes.SessionDetailDict), **errors(404, codes={404: ["session_not_found"]})})
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(session_dict(self.get_object(), full=True))
 
@@ -583,7 +337,7 @@ def undo_entry_dict(entry: UndoEntry, *, attempts: bool = False) -> dict[str, An
     session = entry.session
     body = {**entry.as_dict(), "tool": entry.effect.tool_name, "agent": session.agent.name,
             "session_state": session.state, "handler": entry.fn.handler,
-            "waiting_for": claims.waiting_for(entry, entry.fn)}
+            "waiting_for": entry.waiting_note(entry.fn)}
     if attempts:
         body["attempt_log"] = [attempt.as_dict() for attempt in entry.attempt_log.all()]
     return body

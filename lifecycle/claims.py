@@ -19,10 +19,11 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from effects import handlers, undo
+from core.errors import Conflict
+from effects import handlers
 from effects.models import CompensationFunction, Effect, Session, UndoEntry
+from lifecycle import tasks, undo
 from orgs.models import Agent
-from undolog_site.errors import Conflict
 
 ACTOR = "agent-side"
 
@@ -137,10 +138,8 @@ def report(entry: UndoEntry, ok: bool, error: str, permanent: bool, attempt: int
         # Retried after its backoff: the claim deadline counts from now again.
         UndoEntry.objects.filter(pk=entry.pk).update(
             claim_deadline=now + timedelta(seconds=entry.fn.claim_timeout_s))
-    from effects.tasks import enqueue_walk
-
     session_id = entry.session_id
-    transaction.on_commit(lambda: enqueue_walk(session_id))
+    transaction.on_commit(lambda: tasks.enqueue_walk(session_id))
 
 
 def claim_dict(entry: UndoEntry) -> dict[str, Any]:
@@ -149,16 +148,3 @@ def claim_dict(entry: UndoEntry) -> dict[str, Any]:
             "session": str(entry.session_id), "effect": str(entry.effect_id), "tool": entry.effect.tool_name,
             "step_index": entry.step_index}
 
-
-def waiting_for(entry: UndoEntry, fn: CompensationFunction) -> str | None:
-    """What an open entry waits for, in words, for the dashboard and the API."""
-    if fn.handler != CompensationFunction.Handler.AGENT or entry.state not in UndoEntry.OPEN:
-        return None
-    if entry.state == UndoEntry.State.RUNNING:
-        return f"claimed by the agent side (attempt {entry.attempts}); its lease ends {entry.lease_until:%H:%M:%S}"
-    if entry.state == UndoEntry.State.PENDING and entry.claim_deadline:
-        return (f"waiting for the agent side to claim it (gateway or serve_compensations); "
-                f"a person is called at {entry.claim_deadline:%H:%M:%S}")
-    if entry.state == UndoEntry.State.PENDING:
-        return "run by the agent side once the walk reaches it"
-    return None

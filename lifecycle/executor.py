@@ -11,9 +11,9 @@ import logging
 from typing import Any
 
 from core import outbound
+from core.errors import Conflict
 from deliveries.models import Delivery
 from effects.models import Effect, EffectTransition
-from undolog_site.errors import Conflict
 
 log = logging.getLogger(__name__)
 EXECUTOR_ACTOR = "executor"

@@ -11,7 +11,7 @@ active agent, from a key this process has verified before) needs no read before 
    version unchanged, every run cap respected, no effect with this signature yet) feeds the
    effect's INSERT, which feeds the undo entry's INSERT. The same statement reads back the
    effect already holding this signature (a replay) and the org's current config version.
-3. Anything else returns None and the caller runs the full pipeline (`effects.intercept`),
+3. Anything else returns None and the caller runs the full pipeline (`lifecycle.intercept`),
    which owns every rule: a first use of a key, SAFE calls reported, a daily limit, a cap in the
    way, a session not running, an irreversible call or its replay, a lost race on the signature.
    The fast path only ever gives the answer the pipeline would have given.
@@ -44,12 +44,12 @@ from psycopg.types.json import Jsonb
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
 from core import ratelimit
-from effects import intercept as pipeline
+from core.errors import DomainError
+from core.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce
+from lifecycle import intercept as pipeline
 from orgs.models import AgentKey, Organization, RememberedKey
-from undolog_site.errors import DomainError
-from undolog_site.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 
 _CONFIGS: dict[uuid.UUID, OrgConfig] = {}
 

@@ -12,6 +12,7 @@ from approvals import notify, rules
 from approvals.models import RULE_PREFIX, ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
+from core.errors import Conflict, DomainError, Invalid, NotFound
 from effects.models import (
     Effect,
     SafeCall,
@@ -25,7 +26,6 @@ from effects.models import (
     sha256,
 )
 from orgs.models import Agent, Event, Organization
-from undolog_site.errors import Conflict, DomainError, Invalid, NotFound
 
 ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
 SAFE_CALL_FIELDS = {"tool", "step_index", "args"}

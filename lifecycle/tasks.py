@@ -17,23 +17,28 @@ from celery import shared_task
 from django.utils import timezone
 
 from core.enqueue import enqueue
-from effects import abandon, undo
+from lifecycle import abandon, undo
 
 logger = logging.getLogger(__name__)
+
+# The tasks keep the names they had in effects/tasks.py: the beat schedule (settings.py) names
+# them, and messages already queued on a broker carry them.
+WALK, SWEEP_WALKS, SWEEP_ABANDONED = ("effects.tasks.walk_undo_stack", "effects.tasks.sweep_undo_walks",
+                                      "effects.tasks.sweep_abandoned")
 
 # Below the broker's visibility timeout (1 h on Redis), after which it would deliver the
 # message again; anything later is left to the sweep, which reads next_attempt_at.
 MAX_COUNTDOWN_S = 3000
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(name=WALK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def walk_undo_stack(session_id: str) -> None:
     next_at = undo.walk(session_id)
     if next_at is not None:
         schedule_walk(session_id, next_at)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=SWEEP_WALKS, ignore_result=True)
 def sweep_undo_walks() -> int:
     """Beat, every few seconds: re-enqueue walks that are due or stalled."""
     due = undo.due_sessions()
@@ -49,6 +54,11 @@ def enqueue_walk(session_id: uuid.UUID | str, countdown: float = 0) -> None:
     enqueue(walk_undo_stack, str(session_id), countdown=countdown or None)
 
 
+def on_walk_due(sender, session_id: uuid.UUID | str, **kwargs) -> None:
+    """`effects.models.walk_due`, sent after the commit that made a run compensating."""
+    enqueue_walk(session_id)
+
+
 def schedule_walk(session_id: uuid.UUID | str, at: datetime) -> None:
     delay = max(0.0, (at - timezone.now()).total_seconds())
     if delay > MAX_COUNTDOWN_S:
@@ -59,7 +69,7 @@ def schedule_walk(session_id: uuid.UUID | str, at: datetime) -> None:
     enqueue_walk(session_id, countdown=delay)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=SWEEP_ABANDONED, ignore_result=True)
 def sweep_abandoned() -> int:
     """Beat, every UNDOLOG_ABANDON_SWEEP_S: fail runs silent past their idle timeout."""
     count = abandon.sweep()

@@ -1,7 +1,7 @@
 """The compensation walk: a rolled-back session's undo stack, newest first, each entry once.
 
 `Session.fail()` and `Session.undo()` move a session to `compensating` and enqueue
-`effects.tasks.walk_undo_stack` after commit; that task calls `walk()`. Everything the walk
+`lifecycle.tasks.walk_undo_stack` after commit; that task calls `walk()`. Everything the walk
 knows lives in rows (entry state, attempt count, lease, next attempt time), so a lost
 message or a dead worker only delays it: `due_sessions()`, run by a beat sweep, finds
 walks that are due or stalled and enqueues them again.
@@ -22,10 +22,11 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from core import metrics, retry
-from effects import fastpath, handlers, longpoll
+from core.errors import Conflict
+from effects import handlers, longpoll
 from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry, canonical_json
+from lifecycle import fastpath
 from orgs.models import Event, Organization
-from undolog_site.errors import Conflict
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
                 return None  # changed under us; the next walk looks again
             continue
         if entry.fn.handler == CompensationFunction.Handler.AGENT:
-            from effects import claims
+            # Imported here, not above: claims builds on the walk (undo._record, _escalate) and
+            # imports this module, and the walk needs it only for agent-side entries.
+            from lifecycle import claims
 
             return claims.wait_for_claimer(entry, now)  # the agent side runs it; the walk waits in order
         if entry.state == UndoEntry.State.RUNNING and entry.lease_until and entry.lease_until > now:

@@ -16,7 +16,7 @@ from django.db import models, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from undolog_site.errors import Conflict
+from core.errors import Conflict
 
 # Sent after commit with `event=<Event>`; approvals fans events out to webhooks and websockets.
 event_recorded = Signal()
