@@ -36,6 +36,7 @@ lint: $(STAMP)
 check: $(STAMP) extras
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-logo --no-cache  # the layers in .importlinter: imports point down
 	@mkdir -p var
 	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.check.yaml
 	@diff -u docs/openapi.yaml var/openapi.check.yaml > var/openapi.diff || { \
