@@ -265,6 +265,11 @@ export class Session {
 
   // -- the tier paths (entered from undologTool and the adapters) ------------------------
 
+  /** @internal The run's connection (the adapters' decision waits use it). */
+  get _http(): Http {
+    return this.http;
+  }
+
   /** @internal */
   _nextStep(): number {
     return this.step++;
