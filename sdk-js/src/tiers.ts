@@ -26,7 +26,7 @@ export interface CompensationDescriptor {
 /** What a reviewer is shown for an irreversible tool, and its deadline policy. */
 export interface ApprovalSpec {
   reason: string;
-  riskTags?: string[];
+  riskTags?: readonly string[];
   /** A template like the compensation's: `"account {account_id} and its data"`. */
   estimatedImpact?: string;
   timeoutS?: number;
@@ -56,9 +56,9 @@ export interface ToolDeclaration {
   /** A server-side executor: the worker runs the approved call, never this process. */
   executor?: Record<string, unknown>;
   /** Free labels (`"untrusted"`, `"private"`...); needs a server that takes tool labels. */
-  labels?: string[];
+  labels?: readonly string[];
   /** The argument names, when known: templates naming another one throw at definition. */
-  parameters?: string[];
+  parameters?: readonly string[];
 }
 
 const SEMVER = /^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$/;
@@ -131,7 +131,7 @@ function approvalDict(a: ApprovalSpec): Record<string, unknown> {
 }
 
 /** Reject combinations the server would refuse, at declaration time. */
-function check(spec: ToolSpec, parameters: string[] | undefined): void {
+function check(spec: ToolSpec, parameters: readonly string[] | undefined): void {
   const fail = (what: string): never => {
     throw new ToolDefinitionError(spec.name ? `${spec.name}: ${what}` : what);
   };
