@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check schema extras bench demo browser clean
+.PHONY: run test lint check schema extras bench demo browser clean image
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench: $(STAMP)
 # Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)
 	PORT=$(PORT) $(PY) -m sdk.demo $(DEMO_ARGS)
+
+# The one container image (deploy/Containerfile) with podman; makes its Debian base with debootstrap
+# where no registry answers, and installs podman first where it is missing (deploy/image.sh).
+image:
+	deploy/image.sh
 
 clean:
 	rm -rf var/test-* .pytest_cache
