@@ -20,6 +20,26 @@ echo "$role" > /tmp/undolog-role
 metrics="${PROMETHEUS_MULTIPROC_DIR:-${UNDOLOG_VAR_DIR}/metrics}"
 rm -rf "$metrics" && mkdir -p "$metrics"
 
+# PostgreSQL may still be starting (compose starts everything at once; podman-compose ignores
+# depends_on's conditions): the Django roles wait for it, up to two minutes.
+wait_for_database() {
+  [ -n "${DATABASE_URL:-}" ] || return 0
+  python3 - <<'PY'
+import os, sys, time
+import psycopg
+deadline = time.monotonic() + 120
+while True:
+    try:
+        psycopg.connect(os.environ["DATABASE_URL"], connect_timeout=3).close()
+        break
+    except psycopg.OperationalError as exc:
+        if time.monotonic() > deadline:
+            sys.exit(f"the database did not answer in 120 s: {exc}")
+        time.sleep(1)
+PY
+}
+case "$role" in web|ws|worker|beat|migrate) wait_for_database ;; esac
+
 case "$role" in
   web)
     exec gunicorn undolog_site.wsgi:application -k gthread --threads 8 --keep-alive 75 \
