@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js
+.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,20 @@ bench-js: $(STAMP) $(JS_STAMP)
 # The account cleanup with an AI SDK agent (its mock model) against `make run` on the same PORT.
 demo-js: $(STAMP) $(JS_STAMP)
 	PORT=$(PORT) $(PY) sdk-js/demo/run.py
+
+# The one container image (deploy/Containerfile) with podman; makes its Debian base with debootstrap
+# where no registry answers, and installs podman first where it is missing (deploy/image.sh).
+image:
+	deploy/image.sh
+
+# Builds the image, brings deploy/compose.yaml up on ports of its own, plays the story through the
+# proxy, kills a worker mid-walk, and brings everything down (deploy/container_test.py).
+container-test: $(STAMP) image
+	$(PY) deploy/container_test.py
+
+# The Kubernetes manifests against the API's schemas (kubernetes-validate, strict); no cluster used.
+kube-check:
+	deploy/kubernetes/check.sh
 
 clean:
 	rm -rf var/test-* .pytest_cache
