@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
-from approvals import charts, dashboard, rules_page
+from approvals import charts, dashboard, rules_page, slack
 from orgs.auth import resolve_membership
 from orgs.models import Membership
 
@@ -145,7 +145,8 @@ def compensation_failures(request: HttpRequest, membership: Membership) -> HttpR
 def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
     is_admin = membership.has_role(Membership.Role.ADMIN)
     return page(request, membership, "approvals/settings.html",
-                dashboard.settings_context(membership.org, with_webhooks=is_admin))
+                dashboard.settings_context(membership.org, with_webhooks=is_admin,
+                                           slack_url=lambda connection: slack.interactions_url(connection, request)))
 
 
 @require_GET
