@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from undolog_site.errors import Conflict
 
 from core.outbound import verify
 from effects.models import CompensationFunction
 from orgs.models import Organization
 from tests.receiver import Receiver
-from undolog_site.errors import Conflict
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager")]
 
