@@ -108,3 +108,27 @@ def test_the_bulk_bar_lines_up_and_hides_on_an_empty_queue(acme, server, new_pag
     page.reload()
     page.wait_for_selector("#queue-empty:not([hidden])")
     assert not page.locator("#batch-bar").is_visible()
+
+
+def test_the_audit_facts_fit_one_line_its_rows_have_labels_and_a_live_run_has_no_end(acme, server, new_page,
+                                                                                   width):
+    from ops import audit
+
+    held = hold(acme, {"account_id": "acct-101"})
+    acme.reviewer.post(f"/api/v1/approvals/{held['approval']['id']}/approve", {}, format="json")
+    audit.seal(acme.org.pk)
+    page = new_page(WIDTHS[width])
+    log_in(page, acme.admin.user)
+
+    page.goto("/audit/")
+    lines = page.eval_on_selector_all(".chain-facts dt", """dts => dts.map(dt => {
+        const range = document.createRange(); range.selectNodeContents(dt); return range.getClientRects().length; })""")
+    assert lines == [1] * 5  # "Sealed records" and "Waiting to be sealed" do not wrap
+    if width == "phone":
+        labels = page.eval_on_selector_all(".audit-row td",
+                                           "tds => tds.map(td => getComputedStyle(td, '::before').content)")
+        assert labels and all(label not in ("none", "normal", '""') for label in labels)
+
+    page.goto("/sessions/")
+    live_row = page.locator("tr.session-row", has=page.locator(".state-running"))
+    assert "ended" not in live_row.inner_text() and "running" in live_row.inner_text().lower()
