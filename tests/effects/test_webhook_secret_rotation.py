@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from undolog_site.errors import Conflict
 
+from core.errors import Conflict
 from core.outbound import verify
 from effects.models import CompensationFunction
 from orgs.models import Organization
