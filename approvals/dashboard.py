@@ -12,6 +12,7 @@ import functools
 import json
 import zoneinfo
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -739,13 +740,16 @@ def duration(seconds: int) -> dict[str, int]:
     return {"amount": seconds // unit, "unit": unit}
 
 
-def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
-    """The org's settings; its webhooks for admins only (their URLs are sensitive); its Slack
-    connection (never the secrets). Two queries."""
+def settings_context(org: Organization, *, with_webhooks: bool, slack_url: Callable[[Any], str]) -> dict[str, Any]:
+    """The org's settings; its webhooks and signing secret for admins only (sensitive); its Slack
+    connection (never the secrets) and its `slack_url(connection)` (see `slack.interactions_url`).
+    Two queries."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
     slack = SlackConnection.objects.filter(org=org).first()
     return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks, "slack": slack,
-            "slack_url": f"{settings.UNDOLOG_PUBLIC_URL}/slack/interactions/{slack.pk}" if slack else "",
+            "slack_url": slack_url(slack) if slack else "",
+            "slack_url_derived": not settings.UNDOLOG_PUBLIC_URL,
+            "signing_secrets": org.signing_secrets() if with_webhooks else [],
             "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
             "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
 

@@ -46,6 +46,13 @@ APPROVE, REJECT, REJECT_MODAL = "undolog_approve", "undolog_reject", "undolog_re
 MAX_ARGS_SHOWN = 2500  # a section's text is at most 3000 characters
 
 
+def interactions_url(connection: SlackConnection, request: HttpRequest) -> str:
+    """Where Slack posts the buttons' presses: under UNDOLOG_PUBLIC_URL, else under the address
+    the person reached this server at (what the settings page and the API show)."""
+    base = settings.UNDOLOG_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
+    return f"{base}/slack/interactions/{connection.pk}"
+
+
 def client(connection: SlackConnection) -> WebClient:
     return WebClient(token=connection.bot_token, base_url=settings.UNDOLOG_SLACK_API_URL, timeout=10)
 

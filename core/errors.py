@@ -134,14 +134,14 @@ def _error_response(exc: Exception) -> Response | None:
 @csrf_exempt  # a POST to an unknown path is a JSON 404, not the CSRF middleware's HTML 403
 def api_not_found(request, *args, **kwargs):
     """Unknown /api/ paths answer JSON like every other API error, in DEBUG too."""
-    from django.http import JsonResponse
+    from core.renderers import JsonLineResponse
 
-    return JsonResponse({"error": "not_found", "message": f"No API endpoint at {request.path}.",
-                         "request_id": logs.current()}, status=404)
+    return JsonLineResponse({"error": "not_found", "message": f"No API endpoint at {request.path}.",
+                             "request_id": logs.current()}, status=404)
 
 
 def server_error(request, *args, **kwargs):
-    from django.http import JsonResponse
+    from core.renderers import JsonLineResponse
 
-    return JsonResponse({"error": "server_error", "message": "Something went wrong on our side; it was logged.",
-                         "request_id": logs.current()}, status=500)
+    return JsonLineResponse({"error": "server_error", "message": "Something went wrong on our side; it was logged.",
+                             "request_id": logs.current()}, status=500)

@@ -19,6 +19,13 @@ from core import fanout as events
 from core.errors import Conflict
 from core.outbound import check_target
 from effects import longpoll
+from effects.templates import (  # noqa: F401  (the names other modules import from here)
+    TemplateError,
+    needs_result,
+    render_template,
+    render_text,
+    render_with_result,
+)
 from orgs.models import Agent, Event, Organization
 
 SEMVER = re.compile(
@@ -55,95 +62,6 @@ session_ended = Signal()
 walk_due = Signal()
 # Who fails a run that went silent (lifecycle/abandon.py), in its history and events.
 ABANDON_ACTOR = "idle"
-
-class _KeepMissing(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
-
-
-def render_text(template: str, args: dict) -> str:
-    """`"drops {db_name}"` with the call's args; unknown names stay as they are."""
-    try:
-        return template.format_map(_KeepMissing(args))
-    except (ValueError, IndexError, AttributeError, KeyError):
-        return template
-
-
-PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-def render_template(template: Any, args: dict) -> Any:
-    """Render a compensation args template: `{"to": "{to}"}` takes `to` from the call.
-
-    A value that is exactly one placeholder keeps the arg's JSON type (a number stays a
-    number); placeholders inside longer strings are formatted as text.
-    """
-    if isinstance(template, dict):
-        return {key: render_template(value, args) for key, value in template.items()}
-    if isinstance(template, list):
-        return [render_template(value, args) for value in template]
-    if isinstance(template, str):
-        whole = PLACEHOLDER.match(template)
-        if whole and whole.group(1) in args:
-            return args[whole.group(1)]
-        return render_text(template, args)
-    return template
-
-
-RESULT_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*)\}")
-ANY_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*|[A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class TemplateError(ValueError):
-    """A compensation template that cannot be rendered: the message says which placeholder and why."""
-
-
-def needs_result(template: Any) -> bool:
-    """Whether a compensation args template reads the committed result (`{result.number}`)."""
-    if isinstance(template, dict):
-        return any(needs_result(value) for value in template.values())
-    if isinstance(template, list):
-        return any(needs_result(value) for value in template)
-    return isinstance(template, str) and RESULT_PLACEHOLDER.search(template) is not None
-
-
-def _lookup(name: str, args: dict, result: Any) -> Any:
-    if name != "result" and not name.startswith("result."):
-        if name not in args:
-            raise TemplateError(f"{{{name}}}: the call has no argument {name!r}")
-        return args[name]
-    value = result
-    for part in name.split(".")[1:]:
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise TemplateError(f"{{{name}}}: the result has no {part!r} there "
-                                f"(result: {canonical_json(result)[:200]})")
-    return value
-
-
-def render_with_result(template: Any, args: dict, result: Any) -> Any:
-    """Render a compensation template at commit, strictly: `{name}` from the call's args,
-    `{result.a.b}` a path into the committed result (list items by index). A placeholder that
-    names nothing raises TemplateError, so the entry is flagged now rather than at walk time.
-    A value that is exactly one placeholder keeps its JSON type."""
-    if isinstance(template, dict):
-        return {key: render_with_result(value, args, result) for key, value in template.items()}
-    if isinstance(template, list):
-        return [render_with_result(value, args, result) for value in template]
-    if not isinstance(template, str):
-        return template
-    whole = ANY_PLACEHOLDER.fullmatch(template)
-    if whole:
-        return _lookup(whole.group(1), args, result)
-
-    def text(match: re.Match) -> str:
-        value = _lookup(match.group(1), args, result)
-        return value if isinstance(value, str) else canonical_json(value)
-
-    return ANY_PLACEHOLDER.sub(text, template)
 
 
 def announce(instance: models.Model, what: str, from_state: str | None, to: str, *, name: str = "",

@@ -182,7 +182,7 @@ def has_inexact_number(data: Any) -> bool:
 
 def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
     # Every value is already a str, number, bool, None or JSON that was stored.
-    content = _dumps(body)
+    content = _dumps(body) + b"\n"  # as the API's renderer ends its answers (core/renderers.py)
     response = HttpResponse(content, status=status, content_type="application/json")
     response["Content-Length"] = str(len(content))  # CommonMiddleware's, which this answer passes by
     response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients

@@ -404,7 +404,7 @@ def effect_values(org_id: Any, session_id: Any, tool: Tool, call: Call, signatur
         "step_index": call.step_index, "call_signature": signature, "idempotency_key": call.idempotency_key,
         "args": call.args, "args_digest": call.args_digest, "reasoning": call.reasoning,
         "state": initial,
-        "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args),
+        "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args, call.args),
     }
 
 
