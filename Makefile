@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check schema extras bench demo browser clean
+.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,7 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd sdk && ../$(PY) -m pytest -p no:django -p no:cacheprovider tests
+	$(MAKE) test-js
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -36,10 +37,12 @@ lint: $(STAMP)
 check: $(STAMP) extras
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-logo --no-cache  # the layers in .importlinter: imports point down
 	@mkdir -p var
 	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.check.yaml
 	@diff -u docs/openapi.yaml var/openapi.check.yaml > var/openapi.diff || { \
 	  echo "docs/openapi.yaml does not match the code: run 'make schema' and commit it."; head -60 var/openapi.diff; exit 1; }
+	$(MAKE) check-js
 
 # The OpenAPI schema, generated from the code into the repo: the API's contract for clients.
 schema: $(STAMP)
@@ -55,6 +58,41 @@ bench: $(STAMP)
 # Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)
 	PORT=$(PORT) $(PY) -m sdk.demo $(DEMO_ARGS)
+
+# The TypeScript SDK (sdk-js/): its locked dependencies, installed by `npm ci` when the lock changes.
+JS_STAMP := sdk-js/node_modules/.installed-$(shell cat sdk-js/package-lock.json | cksum | cut -d" " -f1)
+
+$(JS_STAMP): sdk-js/package.json sdk-js/package-lock.json
+	cd sdk-js && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Its tests against a real server of their own (test/server.py: a fresh database, DATABASE_URL and REDIS_URL honoured).
+test-js: $(STAMP) $(JS_STAMP)
+	$(PY) sdk-js/test/server.py -- npm --prefix sdk-js test --silent
+
+check-js: $(JS_STAMP)
+	cd sdk-js && npx tsc --noEmit -p tsconfig.json
+
+bench-js: $(STAMP) $(JS_STAMP)
+	$(PY) sdk-js/test/server.py -- npm --prefix sdk-js run bench --silent
+
+# The account cleanup with an AI SDK agent (its mock model) against `make run` on the same PORT.
+demo-js: $(STAMP) $(JS_STAMP)
+	PORT=$(PORT) $(PY) sdk-js/demo/run.py
+
+# The one container image (deploy/Containerfile) with podman; makes its Debian base with debootstrap
+# where no registry answers, and installs podman first where it is missing (deploy/image.sh).
+image:
+	deploy/image.sh
+
+# Builds the image, brings deploy/compose.yaml up on ports of its own, plays the story through the
+# proxy, kills a worker mid-walk, and brings everything down (deploy/container_test.py).
+container-test: $(STAMP) image
+	$(PY) deploy/container_test.py
+
+# The Kubernetes manifests against the API's schemas (kubernetes-validate, strict); no cluster used.
+kube-check:
+	deploy/kubernetes/check.sh
 
 clean:
 	rm -rf var/test-* .pytest_cache

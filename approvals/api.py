@@ -7,6 +7,7 @@ change settings and webhooks. Everything is scoped to the caller's org: another 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -17,16 +18,16 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from approvals import events, shapes
+from approvals import events, shapes, slack
 from approvals.models import EVENT_KINDS, MAX_GRANT_MINUTES, ApprovalRequest, Grant, OrgWebhook, SlackConnection
+from core.errors import DomainError, Invalid
 from core.outbound import check_target
 from core.schema import errors, ok
+from core.validation import StrictSerializer, validated
 from effects.models import EffectTransition, Session, Tool
 from orgs.auth import IsAdmin, IsMember, IsReviewer
 from orgs.models import Agent, validate_time_zone
 from orgs.views import OrgScopedAPIView, OrgScopedViewSet
-from undolog_site.errors import DomainError, Invalid
-from undolog_site.validation import StrictSerializer, validated
 
 MAX_WEBHOOKS_PER_ORG = 20
 
@@ -314,7 +315,7 @@ class OrgSettingsSerializer(StrictSerializer):
         if len(value) > 50 or any(not tag or len(tag) > 50 for tag in value):
             raise serializers.ValidationError("At most 50 risk tags of at most 50 characters each.")
         return value
-    # Abandoned runs (effects/abandon.py): 0 never; an agent may override it.
+    # Abandoned runs (lifecycle/abandon.py): 0 never; an agent may override it.
     run_idle_timeout_s = serializers.IntegerField(min_value=0, max_value=30 * 86400, required=False)
     rate_limit_per_key = serializers.IntegerField(
         min_value=1, max_value=10_000_000, required=False, allow_null=True,
@@ -353,6 +354,52 @@ class OrgSettingsView(OrgScopedAPIView):
         return Response(settings_dict(org))
 
 
+# ---------------------------------------------------------------- the org's webhook secret
+
+
+class RotateSecretSerializer(StrictSerializer):
+    overlap_s = serializers.IntegerField(
+        min_value=0, max_value=30 * 86400, required=False, default=None, allow_null=True,
+        help_text="How long the old secret keeps signing beside the new one (default: "
+                  "UNDOLOG_KEY_ROTATION_GRACE_S, 24 h); 0 cuts it off at once.")
+
+
+def secret_dict(org) -> dict[str, Any]:
+    overlapping = len(org.signing_secrets()) == 2
+    return {"secret": org.webhook_secret, "signing_secrets": len(org.signing_secrets()),
+            "previous_secret_expires_at": org.previous_webhook_secret_expires_at if overlapping else None}
+
+
+class OrgWebhookSecretView(OrgScopedAPIView):
+    """The secret the org's compensation webhooks, executors and escalations are signed with
+    (admins): what a receiver verifies `Undolog-Signature` against."""
+
+    permission_classes = [IsAdmin]
+
+    @extend_schema(summary="Read the org's webhook signing secret (admins)", tags=["org"],
+                   responses=ok(shapes.WebhookSecretDict))
+    def get(self, request: Request) -> Response:
+        return Response(secret_dict(self.org))
+
+
+class RotateWebhookSecretView(OrgScopedAPIView):
+    permission_classes = [IsAdmin]
+
+    @extend_schema(summary="Rotate the org's webhook signing secret (admins)", tags=["org"],
+                   description="A new secret signs at once; the old one signs beside it (a second `v1=` "
+                               "in `Undolog-Signature`) until `previous_secret_expires_at`, so a receiver "
+                               "holding either verifies meanwhile, and only the new one after.",
+                   request=RotateSecretSerializer,
+                   responses={**ok(shapes.WebhookSecretDict),
+                              **errors(400, 409, codes={409: ["webhook_secret_rotated"]})})
+    def post(self, request: Request) -> Response:
+        data = validated(RotateSecretSerializer, request.data)
+        overlap = None if data["overlap_s"] is None else timedelta(seconds=data["overlap_s"])
+        org = self.org
+        org.rotate_webhook_secret(overlap)
+        return Response(secret_dict(org))
+
+
 # ---------------------------------------------------------------- Slack
 
 
@@ -373,7 +420,7 @@ def slack_dict(connection: SlackConnection | None, request: Request) -> dict[str
                 "interactions_url": None}
     return {"connected": True, "channel": connection.channel, "active": connection.active,
             "bot_token_hint": connection.bot_token_hint,
-            "interactions_url": request.build_absolute_uri(f"/slack/interactions/{connection.pk}")}
+            "interactions_url": slack.interactions_url(connection, request)}
 
 
 class SlackView(OrgScopedAPIView):

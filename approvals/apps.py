@@ -6,9 +6,6 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Connects the event_recorded receiver that fans events out (Channels, webhooks, email).
-        from approvals import executor, notify  # noqa: F401
-        from deliveries import send
-
-        # An executor delivery moves its effect before the POST and commits or fails it after.
-        send.register("executor", start=executor.start, settled=executor.settled)
+        # Connects the event_recorded receiver that fans events out (Channels, webhooks, email);
+        # imported here: an AppConfig module is imported before the models are ready.
+        from approvals import notify  # noqa: F401

@@ -12,6 +12,7 @@ import functools
 import json
 import zoneinfo
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -30,7 +31,6 @@ from django.utils.safestring import SafeString, mark_safe
 from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
-from effects import claims
 from effects.models import (
     Effect,
     EffectTransition,
@@ -512,7 +512,7 @@ def session_context(session: Session) -> dict[str, Any]:
     for entry in entries:
         entry.attempt_rows = attempts[entry.pk]
         entry.args_json = _json(entry.args)
-        entry.waiting_for = claims.waiting_for(entry, entry.fn)  # an agent-side undo: who it waits for
+        entry.waiting_for = entry.waiting_note(entry.fn)  # an agent-side undo: who it waits for
     open_entries = [entry for entry in entries if entry.state not in UndoEntry.TERMINAL]
     return {
         "session": session,
@@ -740,13 +740,16 @@ def duration(seconds: int) -> dict[str, int]:
     return {"amount": seconds // unit, "unit": unit}
 
 
-def settings_context(org: Organization, *, with_webhooks: bool) -> dict[str, Any]:
-    """The org's settings; its webhooks for admins only (their URLs are sensitive); its Slack
-    connection (never the secrets). Two queries."""
+def settings_context(org: Organization, *, with_webhooks: bool, slack_url: Callable[[Any], str]) -> dict[str, Any]:
+    """The org's settings; its webhooks and signing secret for admins only (sensitive); its Slack
+    connection (never the secrets) and its `slack_url(connection)` (see `slack.interactions_url`).
+    Two queries."""
     webhooks = list(OrgWebhook.objects.for_org(org)) if with_webhooks else []
     slack = SlackConnection.objects.filter(org=org).first()
     return {"settings_org": org, "webhooks": webhooks, "show_webhooks": with_webhooks, "slack": slack,
-            "slack_url": f"{settings.UNDOLOG_PUBLIC_URL}/slack/interactions/{slack.pk}" if slack else "",
+            "slack_url": slack_url(slack) if slack else "",
+            "slack_url_derived": not settings.UNDOLOG_PUBLIC_URL,
+            "signing_secrets": org.signing_secrets() if with_webhooks else [],
             "timeout": duration(org.approval_timeout_s), "duration_units": DURATION_UNITS,
             "time_zones": time_zones(), "webhook_events": WEBHOOK_EVENTS}
 

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 
+from approvals.models import ApprovalRequest
 from core.fanout import (  # the fan-out moved below the apps; these names stay importable from here
     MAX_SESSION_CHANGES,
     EventPayload,
@@ -134,8 +135,6 @@ def payload_for(event: Event) -> EventPayload | ApprovalEventPayload:
     )
     approval_id = (event.data.get("approval") or {}).get("id") if event.kind in APPROVAL_KINDS else None
     if approval_id:
-        from approvals.models import ApprovalRequest
-
         approval = (ApprovalRequest.objects.select_related("effect__tool", "session__agent")
                     .filter(pk=approval_id, org_id=event.org_id).first())
         if approval is not None:

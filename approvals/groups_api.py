@@ -19,12 +19,12 @@ from rest_framework.response import Response
 
 from approvals import shapes
 from approvals.groups import MAX_GROUPS_PER_ORG, ReviewerGroup
+from core.errors import Conflict, Invalid
 from core.schema import errors, ok
+from core.validation import StrictSerializer, StringField, validated
 from orgs.auth import IsAdmin, IsMember
 from orgs.models import Membership
 from orgs.views import OrgScopedViewSet
-from undolog_site.errors import Conflict, Invalid
-from undolog_site.validation import StrictSerializer, StringField, validated
 
 MAX_MEMBERS = 200
 

@@ -17,10 +17,10 @@ from django.utils import timezone
 from approvals.groups import ReviewerGroup  # noqa: F401 (models of this app, kept in their own modules)
 from approvals.rules import Rule, RuleChange  # noqa: F401
 from budgets.models import Refusal
+from core.errors import Conflict, Forbidden, Invalid
 from deliveries.models import Delivery
 from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
 from orgs.models import Event, Organization
-from undolog_site.errors import Conflict, Forbidden, Invalid
 
 TIMEOUT_LABEL = "timeout"
 RULE_PREFIX = "rule:"

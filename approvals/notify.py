@@ -73,6 +73,7 @@ def dispatch(event: Event) -> list[Delivery] | None:
             row.enqueue_after_commit()
         message = _slack_message(event)
         if message is not None:
+            # Imported here: approvals.tasks imports this module (its tasks call notify).
             from approvals import tasks
 
             transaction.on_commit(lambda: enqueue(tasks.sync_slack, str(message.pk)))

@@ -30,8 +30,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from budgets import day_usage
+from core.errors import Invalid
 from orgs.models import Agent, Event, Organization
-from undolog_site.errors import Invalid
 
 MAX_CONDITION = 4000
 MAX_RULES_PER_ORG = 500

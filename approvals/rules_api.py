@@ -19,13 +19,13 @@ from rest_framework.response import Response
 from approvals import shapes, trial
 from approvals.groups import ReviewerGroup
 from approvals.rules import MAX_APPROVERS, MAX_CONDITION, MAX_RULES_PER_ORG, Rule, RuleChange
+from core.errors import Conflict, Invalid
 from core.schema import errors, ok
+from core.validation import StrictSerializer, StringField, validated
 from effects.models import Tier, Tool
 from orgs.auth import IsAdmin, IsMember, IsReviewer
 from orgs.models import Agent
 from orgs.views import OrgScopedViewSet
-from undolog_site.errors import Conflict, Invalid
-from undolog_site.validation import StrictSerializer, StringField, validated
 
 
 class RuleSerializer(StrictSerializer):

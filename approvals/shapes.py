@@ -107,6 +107,14 @@ class OrgSettingsDict(TypedDict):
     rate_limit_per_org: int | None
 
 
+class WebhookSecretDict(TypedDict):
+    """The org's webhook signing secret; during a rotation's overlap the old one signs too."""
+
+    secret: str
+    signing_secrets: int  # 2 during a rotation's overlap (the old secret signs beside the new)
+    previous_secret_expires_at: str | None
+
+
 class WebhookDict(TypedDict):
     """Where some of an org's events go (the secret only once, when it is created)."""
 

@@ -37,13 +37,20 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
 from approvals.models import ApprovalRequest, SlackConnection, SlackMessage, SlackUserLink
+from core.errors import DomainError
 from orgs.models import Event, Membership
-from undolog_site.errors import DomainError
 
 log = logging.getLogger(__name__)
 
 APPROVE, REJECT, REJECT_MODAL = "undolog_approve", "undolog_reject", "undolog_reject_reason"
 MAX_ARGS_SHOWN = 2500  # a section's text is at most 3000 characters
+
+
+def interactions_url(connection: SlackConnection, request: HttpRequest) -> str:
+    """Where Slack posts the buttons' presses: under UNDOLOG_PUBLIC_URL, else under the address
+    the person reached this server at (what the settings page and the API show)."""
+    base = settings.UNDOLOG_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
+    return f"{base}/slack/interactions/{connection.pk}"
 
 
 def client(connection: SlackConnection) -> WebClient:

@@ -17,8 +17,8 @@ from django.utils import timezone
 from approvals import notify, slack
 from approvals.models import ApprovalRequest, SlackMessage
 from core.enqueue import enqueue
+from core.errors import Conflict
 from orgs.models import Event
-from undolog_site.errors import Conflict
 
 log = logging.getLogger(__name__)
 SWEEP_BATCH = 500

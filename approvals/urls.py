@@ -15,5 +15,7 @@ router.register("reviewer-groups", groups_api.ReviewerGroupViewSet, basename="re
 urlpatterns = [
     path("org/settings", api.OrgSettingsView.as_view(), name="org-settings"),
     path("org/slack", api.SlackView.as_view(), name="org-slack"),
+    path("org/webhook-secret", api.OrgWebhookSecretView.as_view(), name="org-webhook-secret"),
+    path("org/webhook-secret/rotate", api.RotateWebhookSecretView.as_view(), name="org-webhook-secret-rotate"),
     *router.urls,
 ]

@@ -19,21 +19,25 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods
 
-from approvals import charts, dashboard, rules_page
+from approvals import charts, dashboard, rules_page, slack
 from orgs.auth import resolve_membership
 from orgs.models import Membership
 
 ORG_SESSION_KEY = "org"
+# The last org a person chose, kept past logout in this browser (a slug, nothing secret): a person
+# in two orgs (admin after `make demo`) is not stopped at "Choose an organization" on every visit.
+LAST_ORG_COOKIE = "undolog_org"
+LAST_ORG_MAX_AGE_S = 365 * 86400
 
 
 def current_membership(request: HttpRequest) -> Membership | None:
-    """The membership of the org chosen in this session; the only one if there is one. One
-    query (two when the chosen org is no longer the person's). `orgs.auth.resolve_membership`
-    decides, as it does for the API and the websocket."""
-    slug = request.session.get(ORG_SESSION_KEY)
+    """The membership of the org chosen in this session, else the one last chosen in this
+    browser; the only one if there is one. One query (two when the chosen org is no longer the
+    person's). `orgs.auth.resolve_membership` decides, as it does for the API and the websocket."""
+    slug = request.session.get(ORG_SESSION_KEY) or request.COOKIES.get(LAST_ORG_COOKIE)
     membership, _ = resolve_membership(request.user, slug)
     if membership is None and slug:
-        del request.session[ORG_SESSION_KEY]  # removed from that org since: choose again
+        request.session.pop(ORG_SESSION_KEY, None)  # removed from that org since: choose again
         membership, _ = resolve_membership(request.user, None)
     if membership is not None and ORG_SESSION_KEY not in request.session:
         request.session[ORG_SESSION_KEY] = membership.org.slug
@@ -79,7 +83,10 @@ def pick_org(request: HttpRequest) -> HttpResponse:
         slug = request.POST.get("org", "")
         if any(m.org.slug == slug for m in memberships):
             request.session[ORG_SESSION_KEY] = slug
-            return HttpResponseRedirect(target)
+            response = HttpResponseRedirect(target)
+            response.set_cookie(LAST_ORG_COOKIE, slug, max_age=LAST_ORG_MAX_AGE_S, httponly=True, samesite="Lax",
+                                secure=request.is_secure())
+            return response
         error, status = "You are not a member of that organization; pick one of yours.", 400
     return render(request, "approvals/pick_org.html",
                   {"memberships": memberships, "next": target, "error": error,
@@ -145,7 +152,8 @@ def compensation_failures(request: HttpRequest, membership: Membership) -> HttpR
 def org_settings(request: HttpRequest, membership: Membership) -> HttpResponse:
     is_admin = membership.has_role(Membership.Role.ADMIN)
     return page(request, membership, "approvals/settings.html",
-                dashboard.settings_context(membership.org, with_webhooks=is_admin))
+                dashboard.settings_context(membership.org, with_webhooks=is_admin,
+                                           slack_url=lambda connection: slack.interactions_url(connection, request)))
 
 
 @require_GET

@@ -138,8 +138,8 @@ def _policy(org, agents, user, *, events: int) -> None:
 
 def _failed_walks(org, agent, send, failures: int) -> None:
     """`failures` compensations waiting for a person, each with three failed attempts."""
-    from effects import intercept as pipeline
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
+    from lifecycle import intercept as pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, failures + 1):
@@ -159,8 +159,8 @@ def _rich_session(org, agent, send, delete):
     """A run as the API would leave it, made through the real intercept and commit paths."""
     from approvals.models import ApprovalRequest
     from budgets.models import Refusal
-    from effects import intercept as pipeline
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
+    from lifecycle import intercept as pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, STEPS_IN_SESSION, 2):

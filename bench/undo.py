@@ -4,7 +4,7 @@
 
 Builds a session with N committed compensable effects (their undo entries pointing at a
 webhook on a receiver process on 127.0.0.1, `tests.receiver`, that verifies signatures and
-dedupes by Idempotency-Key), then times `effects.undo.walk()` in this process: the same code a Celery
+dedupes by Idempotency-Key), then times `lifecycle.undo.walk()` in this process: the same code a Celery
 worker runs, without the broker hop. Prints compensations per second and, per compensation,
 the walk's wall time against the receiver's own time (request read to response written); the
 difference is undolog's overhead, split into the HTTP client (each webhook's time in the
@@ -109,8 +109,9 @@ class ReceiverProcess:
 
 
 def run(entries: int = 1000, receiver_ms: float = 0.0) -> dict[str, float]:
-    from effects import handlers, undo
+    from effects import handlers
     from effects.models import CompensationFunction, Session, UndoEntry
+    from lifecycle import undo
 
     org, session = build(entries, "http://127.0.0.1:9/undo")
     receiver = ReceiverProcess(org.webhook_secret, receiver_ms)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from core.errors import Conflict, Forbidden
 from orgs.auth import Caller
 from orgs.models import Agent, Event
-from undolog_site.errors import Conflict, Forbidden
 
 
 def resume(agent: Agent, by: Caller, note: str = "") -> Agent:

@@ -11,6 +11,8 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
+from django.core.validators import validate_slug
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -20,17 +22,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from budgets import agent_states, policies, shapes, sizing
-from budgets.bodies import agent_with_today, agents_body, budget_body, incident_body, org_body
-from budgets.models import LIMIT_FIELDS, BudgetPolicy, Refusal
+from budgets.bodies import agent_dict, agent_with_today, agents_body, budget_body, incident_body, org_body
+from budgets.models import LIMIT_FIELDS, BudgetPolicy, Limits, Refusal
+from core.errors import Conflict, Invalid
 from core.outbound import check_target
+from core.pagination import NewestFirst, bad
 from core.schema import errors, ok
+from core.validation import StrictSerializer, StringField, validated
 from effects.models import Session, Tier, Tool
 from orgs.auth import IsReviewer, OwnBudgetOrReadViewerWriteAdmin, ReadViewerWriteAdmin
 from orgs.models import Agent, Event
 from orgs.views import OrgScopedAPIView
-from undolog_site.errors import Invalid
-from undolog_site.pagination import NewestFirst, bad
-from undolog_site.validation import StrictSerializer, StringField, validated
 
 MAX_COUNT = 2**31 - 1
 MAX_COST = Decimal("9999999999.9999")
@@ -134,7 +136,14 @@ class AgentScoped(OrgScopedAPIView):
     not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
 
 
+class AgentSerializer(StrictSerializer):
+    # A slug: it is a URL segment of every agent endpoint. StringField, so 7 is refused, not "7".
+    name = StringField(max_length=100, validators=[validate_slug])
+
+
 class AgentsView(OrgScopedAPIView):
+    """GET as before (budgets: every agent with today's counters); POST creates one (admin)."""
+
     permission_classes = [ReadViewerWriteAdmin]
 
     @extend_schema(summary="List the org's agents with their states and today's counters", tags=["agents"],
@@ -142,6 +151,19 @@ class AgentsView(OrgScopedAPIView):
     def get(self, request: Request) -> Response:
         """Every agent of the org with its state, where its budget comes from, and today's counters."""
         return Response(agents_body(self.org))
+
+    @extend_schema(summary="Create an agent", tags=["agents"], request=AgentSerializer,
+                   responses={**ok(shapes.AgentBodyDict, 201), **errors(409, codes={409: ["agent_exists"]})})
+    def post(self, request: Request) -> Response:
+        data = validated(AgentSerializer, request.data)
+        try:
+            with transaction.atomic():
+                agent = Agent.objects.create(org=self.org, name=data["name"])
+        except IntegrityError:
+            raise Conflict(f"There is already an agent named {data['name']!r}.", code="agent_exists") from None
+        agent.org = self.org
+        source = Limits.for_agent(self.org.pk, agent.pk).source
+        return Response({"agent": agent_dict(agent, None, source)}, status=201)
 
 
 class AgentBudgetView(AgentScoped):

@@ -6,6 +6,7 @@ class BudgetsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here: an AppConfig module is imported before the models are ready.
         from budgets import runs
         from effects.models import session_ended
 

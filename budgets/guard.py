@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.utils import timezone
 
@@ -20,8 +20,14 @@ from budgets.models import RUN_LIMITS, TOOL_CAPS, DayCounter, Limits, Refusal, U
 from orgs.models import Agent
 
 if TYPE_CHECKING:
-    from effects.intercept import Call
     from effects.models import Session, Tool
+
+
+class Call(Protocol):
+    """What the guard reads of the intercept's call (`lifecycle.intercept.Call`, a layer above)."""
+
+    step_index: int
+    args: dict
 
 # Session fields the guard changes; the intercept saves them with its own session update.
 RUN_FIELDS = ["tool_calls", "irreversible_calls", "cost", "tool_counts", "violation"]

@@ -12,8 +12,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.errors import Invalid
 from orgs.models import Agent, Event, Organization
-from undolog_site.errors import Invalid
 
 # (policy field, counter field on Session and DayCounter, key in `usage` and `remaining`).
 RUN_LIMITS = (

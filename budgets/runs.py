@@ -14,10 +14,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from budgets.models import BudgetPolicy, Limits, RunOutcome
+from core.errors import Conflict
 from deliveries.models import Delivery
 from effects.models import Session
 from orgs.models import Agent, Event
-from undolog_site.errors import Conflict
 
 ACTOR = "budget"
 

@@ -13,7 +13,7 @@ from django.http.request import RawPostDataException
 
 from core import metrics, tracing
 
-# The fast path answers only these two (effects/fastpath.py), always for a compensable tool.
+# The fast path answers only these two (lifecycle/fastpath.py), always for a compensable tool.
 _FAST = {201: "execute", 200: "replay"}
 
 

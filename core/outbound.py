@@ -4,7 +4,8 @@ webhooks and executors (approvals), escalations (budgets) and compensation webho
 with `check_target()` first.
 
 Signature header: `Undolog-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`
-with the org's webhook secret. See README "Verifying webhooks" for the receiver's side.
+with the org's webhook secret (during a rotation's overlap, a second `v1=` with the previous one).
+See README "Verifying webhooks" for the receiver's side.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
@@ -51,10 +53,13 @@ def check_target(url: str) -> str | None:
     return None
 
 
-def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
+def sign(secret: str | Sequence[str], body: bytes, timestamp: int | None = None) -> str:
+    """`t=…,v1=…`; with several secrets (a rotation's overlap) one `v1=` per secret, newest first,
+    so a receiver that holds any one of them verifies (`verify` tries every `v1`)."""
     t = int(time.time()) if timestamp is None else timestamp
-    digest = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={t},v1={digest}"
+    keys = [secret] if isinstance(secret, str) else list(secret)
+    digests = (hmac.new(key.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest() for key in keys)
+    return f"t={t}," + ",".join(f"v1={digest}" for digest in digests)
 
 
 def verify(secrets: list[str], header: str, body: bytes, *, now: float | None = None,
@@ -92,7 +97,7 @@ class Delivery:
         return self.status_code is None or self.status_code >= 500 or self.status_code in (408, 429)
 
 
-def post(url: str, payload: dict, *, secret: str, timeout_s: float,
+def post(url: str, payload: dict, *, secret: str | Sequence[str], timeout_s: float,
          headers: dict[str, str] | None = None) -> Delivery:
     problem = check_target(url)
     started = time.monotonic()

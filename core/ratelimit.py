@@ -39,7 +39,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from undolog_site.errors import DomainError
+from core.errors import DomainError
 
 log = logging.getLogger(__name__)
 

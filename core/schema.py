@@ -16,7 +16,7 @@ from typing import Any, Literal, NotRequired, Required, Union, get_args, get_ori
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import serializers
 
-from undolog_site.validation import StrictSerializer
+from core.validation import StrictSerializer
 
 _SHAPES: dict[type, type[serializers.Serializer]] = {}
 

@@ -110,13 +110,14 @@ class Delivery(models.Model):
         return f"{self.purpose} {self.kind} → {self.url or 'email'} ({self.state})"
 
     def enqueue_after_commit(self) -> None:
+        # Imported here: deliveries.tasks imports these models (and send, which does too).
         from deliveries import tasks
 
         transaction.on_commit(lambda: enqueue(tasks.deliver, str(self.pk)))
 
     @property
-    def secret(self) -> str:
-        return self.webhook.secret if self.webhook_id else self.org.webhook_secret
+    def secret(self) -> str | list[str]:
+        return self.webhook.secret if self.webhook_id else self.org.signing_secrets()
 
     def headers(self) -> dict[str, str]:
         # Executors dedupe by effect (one execution per call); every other receiver by delivery.

@@ -115,6 +115,7 @@ def _settle(delivery: Delivery, number: int, started, result: outbound.Delivery,
 
 
 def _enqueue(delivery_id, countdown: float) -> None:
+    # Imported here: deliveries.tasks imports this module (its task runs deliver()).
     from deliveries import tasks
 
     # Short countdowns only (<= 1 h, the broker's visibility timeout); the row has the time too.

@@ -20,6 +20,22 @@ from effects.models import (
 RECENT = timedelta(days=7)
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """The effect log and undo stacks are append-only history: their rows move only through the
+    models' guarded transitions (the dashboard's and the API's actions), never by a form that
+    saves whatever it was given. The admin shows them, with view permission only: no add, no
+    change (the form has no Save), no delete (retention archives and deletes them)."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(CompensationFunction)
 class CompensationFunctionAdmin(admin.ModelAdmin):
     """The compensation registry: a version is immutable once saved (a new version is a new row,
@@ -100,15 +116,12 @@ class EffectTransitionInline(admin.TabularInline):
 
 
 @admin.register(Effect)
-class EffectAdmin(admin.ModelAdmin):
+class EffectAdmin(ViewOnlyAdmin):
     list_display = ["tool_name", "tier", "state", "step_index", "session", "created"]
     list_filter = ["state", "tier"]
     search_fields = ["tool_name", "call_signature"]
     readonly_fields = [f.name for f in Effect._meta.fields]
     inlines = [EffectTransitionInline]
-
-    def has_add_permission(self, request) -> bool:
-        return False
 
 
 @admin.register(Session)
@@ -129,12 +142,12 @@ class UndoAttemptInline(admin.TabularInline):
 
 
 @admin.register(UndoEntry)
-class UndoEntryAdmin(admin.ModelAdmin):
+class UndoEntryAdmin(ViewOnlyAdmin):
+    """Retry and resolve by hand are on the dashboard (Failures) and the API: they move the
+    entry and its walk together, which a saved form would not."""
+
     list_display = ["fn_name", "fn_version", "state", "attempts", "step_index", "session", "updated"]
     list_filter = ["state"]
     search_fields = ["fn_name", "=session__id", "=id"]
     readonly_fields = [f.name for f in UndoEntry._meta.fields]
     inlines = [UndoAttemptInline]
-
-    def has_add_permission(self, request) -> bool:
-        return False

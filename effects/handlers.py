@@ -74,7 +74,7 @@ def run(entry: UndoEntry, fn: CompensationFunction, attempt: int) -> Result:
 def run_webhook(entry: UndoEntry, fn: CompensationFunction, attempt: int) -> Result:
     payload = {"fn_name": entry.fn_name, "fn_version": entry.fn_version, "args": entry.args,
                "effect_id": str(entry.effect_id), "session_id": str(entry.session_id), "attempt": attempt}
-    delivery = webhooks.post(fn.target, payload, secret=fn.org.webhook_secret, timeout_s=fn.timeout_ms / 1000,
+    delivery = webhooks.post(fn.target, payload, secret=fn.org.signing_secrets(), timeout_s=fn.timeout_ms / 1000,
                              headers={"Idempotency-Key": str(entry.id)})
     return Result(ok=delivery.ok, permanent=not delivery.ok and not delivery.retryable, error=delivery.error,
                   duration_ms=delivery.duration_ms, status_code=delivery.status_code)

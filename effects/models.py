@@ -16,9 +16,17 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from core import fanout as events
+from core.errors import Conflict
 from core.outbound import check_target
+from effects import longpoll
+from effects.templates import (  # noqa: F401  (the names other modules import from here)
+    TemplateError,
+    needs_result,
+    render_template,
+    render_text,
+    render_with_result,
+)
 from orgs.models import Agent, Event, Organization
-from undolog_site.errors import Conflict
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -49,97 +57,11 @@ def sha256(text: str) -> str:
 # A run is over (completed or failed), sent inside its transaction. budgets connects the
 # on_exceeded verdict to it (budgets/apps.py): budgets reads runs, runs do not import budgets.
 session_ended = Signal()
-# Who fails a run that went silent (effects/abandon.py), in its history and events.
+# A compensating run has open entries to walk, sent after its transaction commits. lifecycle
+# connects the walk's enqueue to it (lifecycle/apps.py): the walk joins apps above effects.
+walk_due = Signal()
+# Who fails a run that went silent (lifecycle/abandon.py), in its history and events.
 ABANDON_ACTOR = "idle"
-
-class _KeepMissing(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
-
-
-def render_text(template: str, args: dict) -> str:
-    """`"drops {db_name}"` with the call's args; unknown names stay as they are."""
-    try:
-        return template.format_map(_KeepMissing(args))
-    except (ValueError, IndexError, AttributeError, KeyError):
-        return template
-
-
-PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-def render_template(template: Any, args: dict) -> Any:
-    """Render a compensation args template: `{"to": "{to}"}` takes `to` from the call.
-
-    A value that is exactly one placeholder keeps the arg's JSON type (a number stays a
-    number); placeholders inside longer strings are formatted as text.
-    """
-    if isinstance(template, dict):
-        return {key: render_template(value, args) for key, value in template.items()}
-    if isinstance(template, list):
-        return [render_template(value, args) for value in template]
-    if isinstance(template, str):
-        whole = PLACEHOLDER.match(template)
-        if whole and whole.group(1) in args:
-            return args[whole.group(1)]
-        return render_text(template, args)
-    return template
-
-
-RESULT_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*)\}")
-ANY_PLACEHOLDER = re.compile(r"\{(result(?:\.[A-Za-z0-9_-]+)*|[A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class TemplateError(ValueError):
-    """A compensation template that cannot be rendered: the message says which placeholder and why."""
-
-
-def needs_result(template: Any) -> bool:
-    """Whether a compensation args template reads the committed result (`{result.number}`)."""
-    if isinstance(template, dict):
-        return any(needs_result(value) for value in template.values())
-    if isinstance(template, list):
-        return any(needs_result(value) for value in template)
-    return isinstance(template, str) and RESULT_PLACEHOLDER.search(template) is not None
-
-
-def _lookup(name: str, args: dict, result: Any) -> Any:
-    if name != "result" and not name.startswith("result."):
-        if name not in args:
-            raise TemplateError(f"{{{name}}}: the call has no argument {name!r}")
-        return args[name]
-    value = result
-    for part in name.split(".")[1:]:
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise TemplateError(f"{{{name}}}: the result has no {part!r} there "
-                                f"(result: {canonical_json(result)[:200]})")
-    return value
-
-
-def render_with_result(template: Any, args: dict, result: Any) -> Any:
-    """Render a compensation template at commit, strictly: `{name}` from the call's args,
-    `{result.a.b}` a path into the committed result (list items by index). A placeholder that
-    names nothing raises TemplateError, so the entry is flagged now rather than at walk time.
-    A value that is exactly one placeholder keeps its JSON type."""
-    if isinstance(template, dict):
-        return {key: render_with_result(value, args, result) for key, value in template.items()}
-    if isinstance(template, list):
-        return [render_with_result(value, args, result) for value in template]
-    if not isinstance(template, str):
-        return template
-    whole = ANY_PLACEHOLDER.fullmatch(template)
-    if whole:
-        return _lookup(whole.group(1), args, result)
-
-    def text(match: re.Match) -> str:
-        value = _lookup(match.group(1), args, result)
-        return value if isinstance(value, str) else canonical_json(value)
-
-    return ANY_PLACEHOLDER.sub(text, template)
 
 
 def announce(instance: models.Model, what: str, from_state: str | None, to: str, *, name: str = "",
@@ -314,7 +236,7 @@ class Session(models.Model):
                                   help_text="The person who started the run (username or email); they cannot "
                                             "approve its calls.")
     step_index = models.PositiveIntegerField(default=0)
-    # What the idle sweep makes of this run once it goes quiet (effects/abandon.py): `fail` rolls it
+    # What the idle sweep makes of this run once it goes quiet (lifecycle/abandon.py): `fail` rolls it
     # back (an SDK agent that died mid-task), `complete` lets its work stand (a conversation through
     # the MCP gateway, whose client may simply have been closed: the stateless protocol says nothing).
     on_idle = models.CharField(max_length=8, choices=OnIdle.choices, default=OnIdle.FAIL)
@@ -390,11 +312,11 @@ class Session(models.Model):
                                                         tool__executor_url__gt=""))))
 
     def abandon(self, timeout_s: int, now) -> None:
-        """The run went silent past its idle timeout (effects/abandon.py): end it as abandoned, with a
-        `session.abandoned` event, in one transaction: failed and rolled back, or completed when the
-        run asked for that (`on_idle`). The guarded UPDATE restates the silence (still running, no
-        intercept since the cutoff, nothing `kept_alive`), so a call that lands first keeps the run
-        alive (Conflict)."""
+        """The run went silent past its idle timeout (lifecycle/abandon.py): end it as abandoned,
+        with a `session.abandoned` event, in one transaction: failed and rolled back, or completed
+        when the run asked for that (`on_idle`). The guarded UPDATE restates the silence (still
+        running, no intercept since the cutoff, nothing `kept_alive`), so a call that lands first
+        keeps the run alive (Conflict)."""
         cutoff = now - timedelta(seconds=timeout_s)
         # The sweep's read brings the newest effect's time along (`last_effect`); no query then.
         last_effect = self.__dict__.get("last_effect", models.NOT_PROVIDED)
@@ -437,10 +359,8 @@ class Session(models.Model):
             self.move({self.State.COMPENSATING}, self.State.COMPENSATED, actor=actor,
                       reason="nothing (left) to compensate")
             return
-        from effects.tasks import enqueue_walk
-
         session_id = self.pk
-        transaction.on_commit(lambda: enqueue_walk(session_id))
+        transaction.on_commit(lambda: walk_due.send(sender=Session, session_id=session_id))
 
     def await_approval(self, actor: str) -> None:
         self.move({self.State.RUNNING}, self.State.AWAITING_APPROVAL, actor=actor)
@@ -583,8 +503,6 @@ class Effect(models.Model):
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
              **fields: Any) -> None:
         """The one place effect state changes: guarded UPDATE, history row, wake-up after commit."""
-        from effects import longpoll
-
         now = timezone.now()
         with transaction.atomic(savepoint=False):
             changed = Effect.objects.filter(pk=self.pk, state__in=allowed_from).update(
@@ -773,6 +691,19 @@ class UndoEntry(models.Model):
     @property
     def retries_left(self) -> bool:
         return self.attempts_in_round < self.max_retries + 1
+
+    def waiting_note(self, fn: CompensationFunction) -> str | None:
+        """What an open agent-side entry waits for, in words, for the dashboard and the API."""
+        if fn.handler != CompensationFunction.Handler.AGENT or self.state not in UndoEntry.OPEN:
+            return None
+        if self.state == UndoEntry.State.RUNNING:
+            return f"claimed by the agent side (attempt {self.attempts}); its lease ends {self.lease_until:%H:%M:%S}"
+        if self.state == UndoEntry.State.PENDING and self.claim_deadline:
+            return (f"waiting for the agent side to claim it (gateway or serve_compensations); "
+                    f"a person is called at {self.claim_deadline:%H:%M:%S}")
+        if self.state == UndoEntry.State.PENDING:
+            return "run by the agent side once the walk reaches it"
+        return None
 
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, attempt: int | None = None,
              **fields: Any) -> bool:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
-from budgets.shapes import SessionBudgetDict
-
 
 class CompensationDict(TypedDict):
     """A compensation function of the registry."""
@@ -198,14 +196,6 @@ class SessionDict(TypedDict):
     created: str
     updated: str
     ended_at: str | None
-
-
-class SessionDetailDict(SessionDict):
-    """A run with its effects, its undo stack (LIFO) and its budget."""
-
-    effects: list[EffectDict]
-    undo_stack: list[UndoEntryDict]
-    budget: SessionBudgetDict
 
 
 class SessionBodyDict(TypedDict):

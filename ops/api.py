@@ -15,13 +15,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from budgets.api import _moment
+from core.pagination import bad
 from core.schema import errors, ok
+from core.validation import StrictSerializer, validated
 from ops import audit, shapes
 from ops.models import DAYS, Retention
 from orgs.auth import IsAdmin, ReadViewerWriteAdmin
 from orgs.views import OrgScopedAPIView
-from undolog_site.pagination import bad
-from undolog_site.validation import StrictSerializer, validated
 
 MAX_LIMIT = 10_000
 NEXT_CURSOR = "X-Next-Cursor"

@@ -9,6 +9,7 @@ class OpsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here: an AppConfig module is imported before the models are ready.
         from ops import metrics
         from orgs.models import event_recorded
 

@@ -1,8 +1,9 @@
-"""REST API of agents and their keys, for admins: create an agent; issue, list, rotate and
-revoke its keys. A key's plaintext is in the answer that creates it and nowhere else (the
-server keeps a prefix and a SHA-256 digest). Rotating keeps the old key working for a grace
-period (`orgs.models.ROTATION_GRACE`, 24 h) so the agent's processes can switch without a
-failed call; revoking stops a key at once.
+"""REST API of agents' keys and settings, for admins: issue, list, rotate and revoke an agent's
+keys (an agent itself is created by `POST /agents`, budgets/api.py: its answer carries its
+budget). A key's plaintext is in the answer that creates it and nowhere else (the server keeps
+a prefix and a SHA-256 digest). Rotating keeps the old key working for a grace period
+(`orgs.models.ROTATION_GRACE`, 24 h) so the agent's processes can switch without a failed
+call; revoking stops a key at once.
 
 On the org-scoped base view (`orgs/views.py`); the rules are verbs on `AgentKey` (`issue`,
 `rotate`, `revoke`), so the views only validate, look up and call them.
@@ -12,32 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.validators import validate_slug
-from django.db import IntegrityError, transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from budgets import api as budgets_api
-from budgets.bodies import agent_dict
-from budgets.models import Limits
-from budgets.shapes import AgentBodyDict
+from core.errors import Conflict, NotFound
 from core.schema import errors, ok
+from core.validation import StrictSerializer, StringField, validated
 from orgs import shapes
 from orgs.auth import IsAdmin, ReadViewerWriteAdmin
 from orgs.models import Agent, AgentKey
 from orgs.views import OrgScopedAPIView
-from undolog_site.errors import Conflict, NotFound
-from undolog_site.validation import StrictSerializer, StringField, validated
 
 AGENT_404 = errors(404, codes={404: ["agent_not_found"]})
 KEY_404 = errors(404, codes={404: ["agent_not_found", "key_not_found"]})
-
-
-class AgentSerializer(StrictSerializer):
-    # A slug: it is a URL segment of every agent endpoint. StringField, so 7 is refused, not "7".
-    name = StringField(max_length=100, validators=[validate_slug])
 
 
 class AgentSettingsSerializer(StrictSerializer):
@@ -68,23 +58,6 @@ def _key(agent: Agent, prefix: str) -> AgentKey:
         raise NotFound(f"Agent {agent.name} has no key with prefix {prefix!r}.", code="key_not_found")
     key.agent = agent
     return key
-
-
-class AgentsView(budgets_api.AgentsView):
-    """GET as before (budgets: every agent with today's counters); POST creates one (admin)."""
-
-    @extend_schema(summary="Create an agent", tags=["agents"], request=AgentSerializer,
-                   responses={**ok(AgentBodyDict, 201), **errors(409, codes={409: ["agent_exists"]})})
-    def post(self, request: Request) -> Response:
-        data = validated(AgentSerializer, request.data)
-        try:
-            with transaction.atomic():
-                agent = Agent.objects.create(org=self.org, name=data["name"])
-        except IntegrityError:
-            raise Conflict(f"There is already an agent named {data['name']!r}.", code="agent_exists") from None
-        agent.org = self.org
-        source = Limits.for_agent(self.org.pk, agent.pk).source
-        return Response({"agent": agent_dict(agent, None, source)}, status=201)
 
 
 class AgentKeys(OrgScopedAPIView):

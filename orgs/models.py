@@ -16,7 +16,7 @@ from django.db import models, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from undolog_site.errors import Conflict
+from core.errors import Conflict
 
 # Sent after commit with `event=<Event>`; approvals fans events out to webhooks and websockets.
 event_recorded = Signal()
@@ -49,6 +49,11 @@ class Organization(models.Model):
     approvals_by_risk_tag = models.JSONField(
         default=dict, blank=True, help_text='Distinct approvers a risk tag requires: {"payments": 2}.')
     webhook_secret = models.CharField(max_length=100, default=new_webhook_secret)
+    # Kept after a rotation until the overlap ends: outgoing webhooks are signed with both secrets
+    # meanwhile (two `v1=` signatures), so each receiver can move to the new secret at its own pace.
+    previous_webhook_secret = models.CharField(max_length=100, blank=True, default="")
+    previous_webhook_secret_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="After a rotation: the old webhook secret still signs until then.")
     email_notifications = models.BooleanField(default=False)
     run_idle_timeout_s = models.PositiveIntegerField(
         default=3600, help_text="A running session silent this long is failed as abandoned (0: never). "
@@ -76,6 +81,31 @@ class Organization(models.Model):
     def today(self) -> dt.date:
         """The org's calendar day: daily budgets reset at its midnight, not the server's."""
         return timezone.now().astimezone(self.tz).date()
+
+    def signing_secrets(self) -> list[str]:
+        """The secrets outgoing webhooks are signed with: the current one, and during a
+        rotation's overlap the previous one too (a receiver holding either verifies)."""
+        expires = self.previous_webhook_secret_expires_at
+        if self.previous_webhook_secret and expires is not None and expires > timezone.now():
+            return [self.webhook_secret, self.previous_webhook_secret]
+        return [self.webhook_secret]
+
+    def rotate_webhook_secret(self, overlap: timedelta | None = None) -> str:
+        """A new webhook secret; the current one keeps signing beside it for `overlap` (the key
+        rotation's grace by default; zero cuts it off at once). A rotation during an overlap
+        drops the oldest secret: only two ever sign. Raises Conflict if another admin rotated
+        first (two rotations at once would leave a secret that nobody was shown)."""
+        old, new = self.webhook_secret, new_webhook_secret()
+        expires = timezone.now() + (rotation_grace() if overlap is None else overlap)
+        # Guarded on the secret read a moment ago: of two concurrent rotations exactly one lands.
+        changed = Organization.objects.filter(pk=self.pk, webhook_secret=old).update(
+            webhook_secret=new, previous_webhook_secret=old, previous_webhook_secret_expires_at=expires)
+        if not changed:
+            raise Conflict("The webhook secret was rotated by someone else a moment ago; read it again.",
+                           code="webhook_secret_rotated")
+        self.webhook_secret, self.previous_webhook_secret = new, old
+        self.previous_webhook_secret_expires_at = expires
+        return new
 
 
 class Membership(models.Model):

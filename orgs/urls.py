@@ -5,9 +5,9 @@ from orgs import api
 NAME = "<slug:name>"
 PREFIX = "<str:prefix>"
 
-# Included before budgets.urls: `agents` (GET there, POST here) is one view, orgs.api.AgentsView.
+# `agents` itself (GET, and POST to create one) is budgets.api.AgentsView: a new agent's body
+# carries its budget, and tenancy sits below budgets.
 urlpatterns = [
-    path("agents", api.AgentsView.as_view(), name="agents-create"),
     path(f"agents/{NAME}/settings", api.AgentSettingsView.as_view(), name="agent-settings"),
     path(f"agents/{NAME}/keys", api.KeysView.as_view(), name="agent-keys"),
     path(f"agents/{NAME}/keys/{PREFIX}/rotate", api.RotateView.as_view(), name="agent-key-rotate"),

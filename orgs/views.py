@@ -33,9 +33,9 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.metadata import SimpleMetadata
 from rest_framework.viewsets import GenericViewSet
 
+from core.errors import NotFound
 from orgs.auth import Caller, caller_of
 from orgs.models import Organization
-from undolog_site.errors import NotFound
 
 # What the routers accept as a path id. Deliberately loose: a 36-character string that is
 # not a UUID reaches the view and gets the resource's own 404 code (clients match on it).

@@ -13,10 +13,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, OrgWebhook
+from core.parsers import MAX_JSON_DEPTH
 from effects.models import Effect, Session, UndoEntry
 from orgs.models import Event
 from tests.conftest import intercept, make_persona, open_session, register_standard_tools
-from undolog_site.parsers import MAX_JSON_DEPTH
 
 CANARY = "canary-7f3e91"  # in the first org's data: it must never appear in an answer to the other org
 MALFORMED = ["-" * 36, "not-a-uuid", "0" * 35 + "g", "%C3%A9t%C3%A9", "x" * 300, "nul%00byte"]

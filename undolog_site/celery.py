@@ -7,6 +7,8 @@ import os
 from celery import Celery
 from celery.signals import worker_process_init
 
+from core import tracing
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
 
 app = Celery("undolog")
@@ -18,6 +20,4 @@ app.autodiscover_tasks()
 def _trace_worker_process(**kwargs) -> None:
     # Each forked worker process sets up its own exporter thread and instrumentation (OTel's advice
     # for prefork pools); a no-op unless tracing is configured (core/tracing.py).
-    from core import tracing
-
     tracing.setup("undolog-worker")

@@ -7,10 +7,11 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import JsonResponse
+
+from core.renderers import JsonLineResponse
 
 
-def healthz(request) -> JsonResponse:
+def healthz(request) -> JsonLineResponse:
     checks = {"database": "ok", "redis": "ok"}
     try:
         with connection.cursor() as cursor:
@@ -22,6 +23,6 @@ def healthz(request) -> JsonResponse:
     except redis.RedisError as exc:
         checks["redis"] = f"error: {exc}"
     if checks["database"] != "ok":
-        return JsonResponse({"status": "unhealthy", "degraded": [], **checks}, status=503)
+        return JsonLineResponse({"status": "unhealthy", "degraded": [], **checks}, status=503)
     degraded = [name for name, value in checks.items() if value != "ok"]
-    return JsonResponse({"status": "degraded" if degraded else "ok", "degraded": degraded, **checks})
+    return JsonLineResponse({"status": "degraded" if degraded else "ok", "degraded": degraded, **checks})

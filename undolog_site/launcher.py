@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from undolog_site import embedded_redis
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -20,8 +22,6 @@ def main() -> int:
     var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
     redis_process = None
     if "REDIS_URL" not in os.environ:
-        from undolog_site import embedded_redis
-
         socket_path = var / "redis.sock"
         redis_process = embedded_redis.start(socket_path)
         os.environ["REDIS_URL"] = f"unix://{socket_path}"
@@ -63,8 +63,6 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
         if redis_process is not None:
-            from undolog_site import embedded_redis
-
             embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
     return 1 if failed and not stopping else 0

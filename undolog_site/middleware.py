@@ -11,9 +11,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from core import observe
-from effects import fastpath
-from undolog_site import logs
+from core import logs, observe
+from lifecycle import fastpath
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class NulRefusedMiddleware:
     """A path or query string holding NUL (`%00`) is refused with 400 `invalid` before any view
     sees it: PostgreSQL stores no NUL in text, so a lookup or filter by such a value would end
     as a DataError (a 500). No real name, id or filter contains one. Bodies are refused the same
-    way by the JSON parser (undolog_site/parsers.py)."""
+    way by the JSON parser (core/parsers.py)."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -95,7 +94,7 @@ _COMMIT = re.compile(r"/api/v1/effects/([^/]+)/commit")
 
 class FastPathMiddleware:
     """An agent's intercept and commit (`POST /api/v1/sessions/{id}/intercept`,
-    `POST /api/v1/effects/{id}/commit`), answered by `effects.fastpath` where it can, before the
+    `POST /api/v1/effects/{id}/commit`), answered by `lifecycle.fastpath` where it can, before the
     middleware below this one, URL resolution and DRF: every call of an agent fleet pays them, and
     they were ~0.14 ms of a worker's ~1 ms of CPU per intercept. An agent's Bearer-key call uses
     none of them: no session, cookie, CSRF token, message or static file.

@@ -69,10 +69,11 @@ INSTALLED_APPS = [
     "budgets",
     "deliveries",
     "ops",
+    "lifecycle",  # the workflows that join the apps listed above (its tasks, its receivers)
 ]
 
 MIDDLEWARE = [
-    "undolog_site.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
+    "core.logs.RequestIdMiddleware",  # first: every later line of the request carries its id
     "undolog_site.middleware.DatabaseUnavailableMiddleware",
     "undolog_site.middleware.NulRefusedMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -135,7 +136,7 @@ elif default_db["ENGINE"] == "django.db.backends.postgresql":
             "max_size": envint("DB_POOL_MAX", "40"),
             "timeout": 30,
         },
-        # Only server-side-binding cursors prepare: the intercept's fast path (effects/fastpath.py)
+        # Only server-side-binding cursors prepare: the intercept's fast path (lifecycle/fastpath.py)
         # has its one statement planned once per connection. Django's own cursors bind on the
         # client and never prepare, so this changes nothing else.
         "prepare_threshold": 1,
@@ -186,7 +187,7 @@ CELERY_BEAT_SCHEDULE: dict = {
 # How long a rotated agent key keeps working beside its successor (orgs.models.AgentKey.rotate).
 UNDOLOG_KEY_ROTATION_GRACE_S = envint("UNDOLOG_KEY_ROTATION_GRACE_S", "86400")
 
-# The compensation walk (effects/undo.py). A running claim that outlives its function's timeout
+# The compensation walk (lifecycle/undo.py). A running claim that outlives its function's timeout
 # by UNDOLOG_UNDO_STALL_S, or a walk that sits still that long, is taken over by the sweep.
 UNDOLOG_UNDO_SWEEP_S = envint("UNDOLOG_UNDO_SWEEP_S", "5")
 UNDOLOG_UNDO_STALL_S = envint("UNDOLOG_UNDO_STALL_S", "30")
@@ -241,9 +242,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["orgs.auth.ApiRateLimit"],
-    "DEFAULT_PARSER_CLASSES": ["undolog_site.parsers.DepthLimitedJSONParser"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "undolog_site.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["core.parsers.DepthLimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["core.renderers.NewlineJSONRenderer"],  # answers end with a newline
+    "EXCEPTION_HANDLER": "core.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -293,7 +294,7 @@ UNDOLOG_SLACK_MAX_ATTEMPTS = envint("UNDOLOG_SLACK_MAX_ATTEMPTS", "5")
 # The outbox (approvals/notify.py): an event not fanned out this long after it was recorded
 # (its process died between the commit and the fan-out) is fanned out by the beat's sweep.
 UNDOLOG_OUTBOX_GRACE_S = envint("UNDOLOG_OUTBOX_GRACE_S", "5")
-# Abandoned runs (effects/abandon.py): how often the beat looks for runs silent past their
+# Abandoned runs (lifecycle/abandon.py): how often the beat looks for runs silent past their
 # org's (or agent's) run_idle_timeout_s.
 UNDOLOG_ABANDON_SWEEP_S = envint("UNDOLOG_ABANDON_SWEEP_S", "15")
 CELERY_BEAT_SCHEDULE["effects.sweep_abandoned"] = {
@@ -384,10 +385,10 @@ _CHATTY = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "undolog_site.logs.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "core.logs.RequestIdFilter"}},
     "formatters": {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
-        "json": {"()": "undolog_site.logs.JsonFormatter"},
+        "json": {"()": "core.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

@@ -6,10 +6,11 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from approvals import slack
+from core import errors
 from ops import metrics as ops_metrics
 from ops import views as ops_views
 from orgs.login import ThrottledAdminAuthenticationForm, ThrottledLoginView
-from undolog_site import errors, health
+from undolog_site import health
 
 admin.site.site_header = "undolog admin"
 admin.site.site_title = "undolog admin"
@@ -21,8 +22,9 @@ admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     path("api/v1/", include("effects.urls")),
+    path("api/v1/", include("lifecycle.urls")),
     path("api/v1/", include("approvals.urls")),
-    path("api/v1/", include("orgs.urls")),  # before budgets: it adds POST to budgets' `agents`
+    path("api/v1/", include("orgs.urls")),
     path("api/v1/", include("budgets.urls")),
     path("api/v1/", include("ops.urls")),
     re_path(r"^api/v1/", errors.api_not_found),

@@ -196,4 +196,6 @@ def verify(secret: str, header: str, raw: bytes, tolerance_s: int = 300) -> bool
     if abs(time.time() - timestamp) > tolerance_s:
         return False
     expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + raw, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, fields.get("v1", ""))
+    # During a rotation's overlap the header carries one v1= per secret: any may be ours.
+    candidates = [part.strip()[3:] for part in header.split(",") if part.strip().startswith("v1=")]
+    return any(hmac.compare_digest(expected, candidate) for candidate in candidates)

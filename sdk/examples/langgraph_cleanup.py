@@ -5,6 +5,8 @@ langgraph_cleanup.py, and approve the deletion in the dashboard. The model is La
 fake chat model playing a script; put yours instead (init_chat_model("openai:gpt-5")).
 """
 
+import itertools
+
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
@@ -47,8 +49,12 @@ class ScriptedModel(GenericFakeChatModel):  # stands in for a real chat model
         return self
 
 
+CALL_IDS = itertools.count(1)  # a model gives every tool call its own id
+
+
 def call(name, **args):
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{name}"}])
+    call_id = f"call_{next(CALL_IDS)}"
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": call_id}])
 
 
 model = ScriptedModel(messages=iter([

@@ -48,17 +48,18 @@ TOOLS = wrap_function_tools([list_inactive_accounts, notify_owner, delete_accoun
 
 class ScriptedModel(Model):  # stands in for a real model
     def __init__(self, *turns):
-        self.turns = iter(turns)
+        self.turns = enumerate(turns, 1)
 
     async def get_response(self, *args, **kwargs):
-        turn = next(self.turns)
+        n, turn = next(self.turns)
         if isinstance(turn, str):
             output = [ResponseOutputMessage(
                 id="msg", type="message", role="assistant", status="completed",
                 content=[ResponseOutputText(type="output_text", text=turn, annotations=[])])]
         else:
             name, arguments = turn
-            output = [ResponseFunctionToolCall(type="function_call", call_id=f"call_{name}",
+            # Every call has its own call_id, as a real model's do (a tool may be called twice).
+            output = [ResponseFunctionToolCall(type="function_call", call_id=f"call_{n}",
                                                name=name, arguments=json.dumps(arguments))]
         return ModelResponse(output=output, usage=Usage(), response_id=None)
 

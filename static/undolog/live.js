@@ -352,6 +352,8 @@
     var badge = document.getElementById("nav-pending");
     badge.textContent = count;
     badge.hidden = !count;
+    var tab = document.querySelector("#tab-pending .count");  // the queue's Pending tab says the same
+    if (tab) tab.textContent = count;
     document.title = (count ? "(" + count + ") " : "") + baseTitle;
   };
   var initialBadge = document.getElementById("nav-pending");

@@ -9,6 +9,7 @@
   var template = document.getElementById("queue-row-template");
   var filters = JSON.parse(document.getElementById("queue-filters-data").textContent);
   var nextPage = document.getElementById("next-page");
+  var bar = document.getElementById("batch-bar");
   var whole = !nextPage && location.search.indexOf("after=") === -1 &&
     !Object.keys(filters).some(function (name) { return filters[name]; });
   UL.queueHasAll = whole;  // live.js leaves the nav count to this list only when it is the whole queue
@@ -109,6 +110,7 @@
   function update() {
     var count = rows().length;
     document.getElementById("queue-empty").hidden = count > 0;
+    if (bar) bar.hidden = count === 0;  // nothing to pick: no bulk buttons
     if (whole) {
       UL.setPending(count);
       document.getElementById("queue-count").textContent = count;
@@ -196,8 +198,6 @@
 
   /* ------------------------------------------------------------ batch decisions */
 
-  var bar = document.getElementById("batch-bar");
-
   function picked() {
     return rows().filter(function (row) {
       var box = row.querySelector("input.pick-row");
@@ -249,6 +249,18 @@
         .then(function (reason) { if (reason) decideBatch(button, "reject", reason); });
     });
   }
+
+  /* The whole card opens its request (people tap the card, not only the tool's name): a click
+     anywhere on a row that is not on its checkbox, a link or a button follows the row's link. */
+  tbody.addEventListener("click", function (event) {
+    if (event.defaultPrevented || event.button !== 0 || event.target.closest("a, button, input, label, td.pick")) return;
+    if (window.getSelection && String(window.getSelection()).length) return;  // selecting text, not opening
+    var row = event.target.closest("tr.queue-row");
+    var link = row && row.dataset.id && row.querySelector("a.row-link");
+    if (!link) return;
+    if (event.ctrlKey || event.metaKey || event.shiftKey) window.open(link.href, "_blank");
+    else location.href = link.href;
+  });
 
   UL.onConnect(function () { refetch(); });
   update();

@@ -46,6 +46,43 @@
     }
   }
 
+  /* The org's signing secret (admins): masked until shown; a rotation keeps the old one signing
+     for the chosen overlap. */
+  var secret = document.getElementById("org-webhook-secret");
+  if (secret) {
+    var reveal = document.getElementById("reveal-secret");
+    var showSecret = function (shown) {
+      var value = secret.dataset.secret;
+      secret.textContent = shown ? value : "whsec_…" + value.slice(-4);
+      reveal.textContent = shown ? "Hide" : "Show";
+      reveal.setAttribute("aria-pressed", shown ? "true" : "false");
+    };
+    reveal.addEventListener("click", function () { showSecret(reveal.getAttribute("aria-pressed") !== "true"); });
+    var rotateForm = document.getElementById("rotate-secret-form");
+    rotateForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var overlap = parseInt(rotateForm.overlap_s.value, 10);
+      UL.confirm({title: "Rotate the webhook signing secret?",
+                  body: overlap ? "The old secret keeps signing beside the new one for the overlap; update your receivers before it ends."
+                                : "The old secret stops signing now: receivers that still hold it will refuse undolog's webhooks.",
+                  confirm: "Rotate"}).then(function (ok) {
+        if (!ok) return;
+        UL.act(rotateForm.querySelector("button[type=submit]"), function () {
+          return UL.api("POST", "/api/v1/org/webhook-secret/rotate", {overlap_s: overlap});
+        }, "Secret rotated: the new one is shown.").then(function (data) {
+          secret.dataset.secret = data.secret;
+          showSecret(true);
+          var note = document.getElementById("secret-overlap");
+          note.hidden = data.signing_secrets < 2;
+          if (data.previous_secret_expires_at) {
+            note.textContent = "The previous secret also signs until " +
+              new Date(data.previous_secret_expires_at).toLocaleString() + ".";
+          }
+        }, function () {});
+      });
+    });
+  }
+
   var hookForm = document.getElementById("webhook-form");
   if (!hookForm) return;
   hookForm.addEventListener("submit", function (event) {

@@ -9,10 +9,10 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from budgets.models import Refusal
+from core.errors import Conflict
 from effects.models import Effect, Session
 from orgs.models import Event
 from tests.approvals.conftest import hold
-from undolog_site.errors import Conflict
 
 
 def due(body: dict, *, auto: bool = False) -> ApprovalRequest:

@@ -246,7 +246,7 @@ def test_it_stops_hearing_the_group_after_disconnect(acme):
 
 # ---------------------------------------------------------------- every kind the server publishes
 
-APPS = ("approvals", "budgets", "effects", "ops", "orgs")
+APPS = ("approvals", "budgets", "effects", "lifecycle", "ops", "orgs")
 
 
 def recorded_kinds() -> set[str]:

@@ -11,13 +11,13 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from effects import abandon, tasks, undo
+from core.errors import Conflict
 from effects.models import Effect, Session, SessionTransition
+from lifecycle import abandon, tasks, undo
 from orgs.models import Agent, Event
 from tests.budgets.conftest import Run, register_budget_tools, set_budget
 from tests.conftest import intercept, make_persona, open_session, register_standard_tools
 from tests.effects.conftest import build_stack
-from undolog_site.errors import Conflict
 
 # Committed for real: the walk refuses to call a handler inside a transaction.
 pytestmark = pytest.mark.django_db(transaction=True)

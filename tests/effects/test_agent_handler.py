@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from effects import undo
 from effects.models import UndoAttempt, UndoEntry
+from lifecycle import undo
 from tests.conftest import intercept, open_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager")]

@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import intercept
 
-# PostgreSQL answers the common case with one statement (effects/fastpath.py); SQLite runs the
+# PostgreSQL answers the common case with one statement (lifecycle/fastpath.py); SQLite runs the
 # pipeline as written.
 FAST = connection.vendor == "postgresql"
 

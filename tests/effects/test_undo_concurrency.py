@@ -8,8 +8,8 @@ import threading
 import pytest
 from django.db import connection
 
-from effects import undo
 from effects.models import Session, UndoAttempt
+from lifecycle import undo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from effects import undo
 from effects.models import Effect, UndoAttempt
+from lifecycle import undo
 from orgs.models import Event
 from tests.receiver import scripted
 

@@ -9,9 +9,10 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from effects import handlers, undo
+from effects import handlers
 from effects.models import Effect, Session, UndoAttempt, UndoEntry
-from effects.tasks import sweep_undo_walks
+from lifecycle import undo
+from lifecycle.tasks import sweep_undo_walks
 from orgs.models import Event
 from undolog_site.celery import app
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from effects import undo
 from effects.models import Effect, Session, SessionTransition, UndoEntry
-from effects.tasks import walk_undo_stack
+from lifecycle import undo
+from lifecycle.tasks import walk_undo_stack
 from tests.conftest import intercept, open_session
 from tests.effects.conftest import register_undo
 
@@ -166,7 +166,7 @@ def test_it_leaves_a_session_alone_that_is_not_compensating(stack_of, receiver):
 
 
 def test_the_claims_quick_commit_stays_inside_its_own_statement(stack_of, receiver):
-    """The claim commits without waiting for its WAL flush (effects/undo.py); the connection the
+    """The claim commits without waiting for its WAL flush (lifecycle/undo.py); the connection the
     rest of the process shares must still commit durably afterwards."""
     from django.db import connection
 

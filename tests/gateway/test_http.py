@@ -8,8 +8,8 @@ import anyio
 import httpx
 import pytest
 
-from effects.abandon import sweep
 from effects.models import SafeCall, Session
+from lifecycle.abandon import sweep
 from tests.conftest import eventually
 from tests.gateway.conftest import CLIENTS, TOKENS, http_gateway, mcp_over_http
 

@@ -67,7 +67,7 @@ def test_tracing_is_on_only_when_the_otel_variables_ask_for_it():
 
 def test_off_the_server_loads_no_instrumentation_exporter_or_tracer():
     # (redis-py 8 imports opentelemetry.sdk's metrics by itself when it is installed: not ours to skip.)
-    probe = ("import sys, django; from undolog_site.asgi import application; from effects import api; "
+    probe = ("import sys, django; from undolog_site.asgi import application; from lifecycle import api; "
              "from undolog_site.celery import app; from core import tracing; "
              "print(tracing._tracer, sorted(m for m in sys.modules if m.startswith(('opentelemetry.instrumentation', "
              "'opentelemetry.exporter', 'opentelemetry.sdk.trace'))))")

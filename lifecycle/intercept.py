@@ -1,0 +1,452 @@
+"""The intercept pipeline: one database transaction per intercepted call (DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from approvals import notify, rules
+from approvals.models import RULE_PREFIX, ApprovalRequest, Grant
+from budgets import guard
+from budgets.models import Refusal
+from core.errors import Conflict, DomainError, Invalid, NotFound
+from effects.models import (
+    Effect,
+    SafeCall,
+    Session,
+    Tier,
+    Tool,
+    UndoEntry,
+    canonical_json,
+    needs_result,
+    render_template,
+    sha256,
+)
+from orgs.models import Agent, Event, Organization
+
+ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
+SAFE_CALL_FIELDS = {"tool", "step_index", "args"}
+MAX_SAFE_CALLS = 1000
+MAX_REASONING = 20_000
+
+
+@dataclass
+class ReportedSafeCall:
+    tool: str
+    step_index: int
+    args: dict
+
+
+@dataclass
+class Call:
+    """A validated intercept request."""
+
+    tool: str
+    args: dict
+    step_index: int
+    reasoning: str = ""
+    idempotency_key: str = ""
+    safe_calls: list[ReportedSafeCall] = field(default_factory=list)
+    args_json: str = ""  # canonical_json(args), written once: the size check, signature and digest read it
+
+    def __post_init__(self) -> None:
+        if not self.args_json:
+            self.args_json = canonical_json(self.args)
+
+    @property
+    def args_digest(self) -> str:
+        return sha256(self.args_json)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31 - 1
+
+
+def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_SAFE_CALLS:
+        errors["safe_calls"] = f"Must be a list of at most {MAX_SAFE_CALLS} {{tool, step_index, args}} objects."
+        return []
+    calls = []
+    for n, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - SAFE_CALL_FIELDS:
+            errors[f"safe_calls[{n}]"] = "Must be an object with tool, step_index and optional args."
+        elif (not isinstance(item.get("tool"), str) or not item["tool"] or len(item["tool"]) > 200
+              or not _is_index(item.get("step_index"))):
+            # 200: SafeCall.tool_name's column (PostgreSQL refuses longer; SQLite would not say)
+            errors[f"safe_calls[{n}]"] = ("tool must be a non-empty string of at most 200 characters and "
+                                          "step_index a non-negative integer.")
+        elif not isinstance(item.get("args", {}), dict):
+            errors[f"safe_calls[{n}]"] = "args must be an object."
+        else:
+            calls.append(ReportedSafeCall(item["tool"], item["step_index"], item.get("args", {})))
+    return calls
+
+
+def parse(data: Any) -> Call:
+    """Validate the body by hand: the hot path skips DRF serializers."""
+    if not isinstance(data, dict):
+        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
+    errors: dict[str, str] = {}
+    unknown = set(data) - ALLOWED_FIELDS
+    if unknown:
+        errors.update(dict.fromkeys(sorted(unknown), "Unknown field."))
+    tool, args, step = data.get("tool"), data.get("args", {}), data.get("step_index")
+    if not isinstance(tool, str) or not tool.strip() or len(tool) > 200:
+        errors["tool"] = "A tool name (a non-empty string of at most 200 characters) is required."
+    args_json = canonical_json(args) if isinstance(args, dict) else ""
+    if not isinstance(args, dict):
+        errors["args"] = "Must be a JSON object of the call's arguments."
+    elif len(args_json.encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
+        errors["args"] = f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
+    if not _is_index(step):
+        errors["step_index"] = "A non-negative integer is required."
+    reasoning, key = data.get("reasoning") or "", data.get("idempotency_key") or ""
+    if not isinstance(reasoning, str) or len(reasoning) > MAX_REASONING:
+        errors["reasoning"] = f"Must be a string of at most {MAX_REASONING} characters."
+    if not isinstance(key, str) or len(key) > 200:
+        errors["idempotency_key"] = "Must be a string of at most 200 characters."
+    safe_calls = _parse_safe_calls(data.get("safe_calls"), errors)
+    if errors:
+        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
+    return Call(tool=tool, args=args, step_index=step, reasoning=reasoning, idempotency_key=key,
+                safe_calls=safe_calls, args_json=args_json)
+
+
+def parse_safe_calls(data: Any) -> list[ReportedSafeCall]:
+    """`safe_calls` sent with /complete or /fail: the run's last SAFE calls."""
+    errors: dict[str, str] = {}
+    calls = _parse_safe_calls(data, errors)
+    if errors:
+        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
+    return calls
+
+
+def report_safe_calls(agent: Agent, session_id: Any, reported: list[ReportedSafeCall]) -> None:
+    """Charge SAFE calls that no intercept carried (those after the run's last intercept)."""
+    if not reported:
+        return
+    with transaction.atomic():
+        session = _lock_session(agent, session_id)
+        names = {safe.tool for safe in reported}
+        tools = {tool.name: tool for tool in Tool.objects.for_org(agent.org_id).filter(name__in=names)}
+        _record_safe_calls(session, reported, tools)
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+
+
+def call_signature(session: Session, call: Call) -> str:
+    return signature_of(session.id, call)
+
+
+def signature_of(session_id: Any, call: Call) -> str:
+    if call.idempotency_key:
+        return sha256(canonical_json([str(session_id), "idempotency_key", call.idempotency_key]))
+    # canonical_json([str(session_id), call.tool, call.args]), with the args' part already written
+    return sha256(f"[{canonical_json(str(session_id))},{canonical_json(call.tool)},{call.args_json}]")
+
+
+def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:
+    """Run one call through the pipeline; a lost race on the unique signature replays."""
+    try:
+        with transaction.atomic():
+            return _pipeline(agent, session_id, call)
+    except IntegrityError:
+        # Another request inserted the same signature first (the unique constraint held).
+        with transaction.atomic():
+            session = _lock_session(agent, session_id)
+            existing = Effect.objects.filter(session=session, call_signature=call_signature(session, call)).first()
+            if existing is None:
+                raise
+            return _replay(existing, call)
+
+
+def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
+    """1. The session must be the agent's; lock it (serialises this session's calls).
+    2. Record and charge the reported SAFE calls (deduplicated by step).
+    3. Same signature seen before: replay it, never execute twice.
+    4. The session must be running and the agent active; the tool registered, not SAFE.
+    5. Budget first: a call over a limit is refused, recorded, and not counted.
+    6. Compensable: effect `executing` and its undo entry, before the answer goes out.
+    7. Irreversible: the org's rules decide first (approve, deny, or how many must approve),
+       then effect `pending`, its approval request, session `awaiting_approval` (`_ask`);
+       unless a reviewer's live grant covers it: decided at once, the session keeps running.
+    """
+    session = _lock_session(agent, session_id)
+    names = {call.tool} | {safe.tool for safe in call.safe_calls}
+    tools = {tool.name: tool for tool in Tool.objects.for_org(agent.org_id).select_related("compensation_fn")
+             .filter(name__in=names)}
+    _record_safe_calls(session, call.safe_calls, tools)
+    signature = call_signature(session, call)
+    existing = Effect.objects.filter(session=session, call_signature=signature).first()
+    if existing is not None:
+        if call.safe_calls:
+            guard.settle(session)
+            session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return _replay(existing, call)
+    _check_open(agent, session)
+    tool = _tool_for(call, tools)
+    session.step_index = max(session.step_index, call.step_index)
+    refusal = guard.admit(session, tool, call)
+    if refusal is not None:
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return Answer(429, refusal)
+    effect = _insert_effect(session, tool, call, signature)
+    if tool.tier == Tier.COMPENSABLE:
+        entry = _push_undo(session, tool, effect)
+        session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+        return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
+    return _ask(agent, session, tool, call, effect)
+
+
+def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect) -> Answer:
+    """An irreversible call that passed the budget.
+
+    1. The org's rules (cached, no query): the first enforcing match decides; observe-mode
+       matches are noted on the request and as events.
+    2. deny: the effect is rejected by the rule, a refusal of kind `rule` is recorded, the run
+       goes on (the agent is told why, with the rule's name); the call stays counted, like a
+       person's rejection, and a resubmission replays the refusal.
+    3. Otherwise the approval request, with the quorum its tool, risk tags or rule ask for, and
+       the reviewer group a require rule names (only its members may approve).
+    4. A live grant (a single approver asked, no group, no approving rule) decides it at once as
+       `grant:<id>`; the session keeps running.
+    5. approve: decided at once by the rule, exactly like a person's decision (`decided_by =
+       "rule:<name>"`), and the session keeps running; reviewers are not asked. Else the session
+       is `awaiting_approval`.
+    """
+    verdict = rules.decide(agent.org, agent, session, tool, call.args)
+    rule = verdict.rule
+    for observed in verdict.observed:
+        Event.record(agent.org, "rule.observed", agent=agent, session_id=session.pk, rule=observed.name,
+                     outcome=observed.outcome, tool=tool.name, effect=str(effect.id), applied=False)
+    session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+    if rule is not None and rule.outcome == rules.Rule.Outcome.DENY:
+        return _deny(agent, session, tool, call, effect, rule)
+    required = quorum_for(agent.org, tool, rule)
+    group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
+    approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
+                                        approvals_required=required, rule=rule.name if rule else "",
+                                        reviewer_group=group, observations=verdict.observations())
+    # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
+    # stands in for a quorum of several people or for the reviewer group a rule names.
+    if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
+        granted = _granted(agent, session, tool, effect, approval)
+        if granted is not None:
+            return granted
+    if rule is not None and rule.outcome == rules.Rule.Outcome.APPROVE:
+        approval.approve_at_once(effect, f"{RULE_PREFIX}{rule.name}", rule.message or f"Approved by rule {rule.name}.")
+    else:
+        session.await_approval(actor=f"agent:{agent.name}")
+        notify.approval_requested(approval)
+    effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
+    if approval.decision:
+        effect_body.update(decision=approval.decision, reason=approval.decision_reason or None)
+    return Answer(202, {"decision": "await_approval", "effect": effect_body,
+                        "approval": {**approval.summary(), "decided_by": approval.decided_by_label or None,
+                                     "approvals_required": approval.approvals_required}})
+
+
+def quorum_for(org: Organization, tool: Tool, rule: rules.CompiledRule | None) -> int:
+    """Distinct approvers a call needs: the most any of its tool, its risk tags (the org's
+    `approvals_by_risk_tag`) and a `require` rule ask for. A rule can raise it, never lower it."""
+    tags = org.approvals_by_risk_tag or {}
+    asked = [tool.approvals_required, *(tags.get(tag, 1) for tag in tool.risk_tags or [])]
+    if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE:
+        asked.append(rule.approvals_required)
+    return max(1, *asked)
+
+
+def _deny(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
+          rule: rules.CompiledRule) -> Answer:
+    label = f"rule:{rule.name}"
+    why = rule.message or "this call is not allowed"
+    message = (f"DENIED by rule '{rule.name}': {why}. Tool call '{tool.name}' was not executed; "
+               "do not retry it, find another way or give your final answer.")
+    effect.reject(actor=label, reason=why)
+    refusal = Refusal.record(agent=agent, kind=Refusal.Kind.RULE, tool_name=tool.name, decided_by=label,
+                             reason=f"rule {rule.name}: {why}", session_id=session.pk, effect_id=effect.pk,
+                             step_index=call.step_index, args=call.args, message=message)
+    return Answer(403, refused_by_rule(effect, refusal))
+
+
+def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
+    """The answer to a call a rule denied, the first time and on every replay."""
+    rule = refusal.decided_by.removeprefix("rule:")
+    return {"decision": "refused", "kind": "rule", "rule": rule, "message": refusal.message,
+            "refusal": str(refusal.id), "effect": {**effect.as_dict(), "decision": "rejected",
+                                                   "reason": refusal.reason}}
+
+
+def _granted(agent: Agent, session: Session, tool: Tool, effect: Effect, approval: ApprovalRequest) -> Answer | None:
+    """A live grant of this tool to this agent (for this run, or for a while) decides the call at
+    once. Only calls that would otherwise wait for a person pay this one indexed query."""
+    grant = Grant.objects.matching(agent.pk, tool.name, session.pk).first()
+    if grant is None:
+        return None
+    approval.approve_by_grant(grant, effect)
+    view, fields = approval.summary(), approval.caller_fields()
+    view.update(decided_by=approval.decided_by_label, decision=approval.decision,
+                reason=approval.decision_reason, decided_args_digest=approval.decided_args_digest)
+    return Answer(201, {"decision": "approved", "effect": {**effect.as_dict(), **fields}, "approval": view})
+
+
+def _lock_session(agent: Agent, session_id: Any) -> Session:
+    # FOR UPDATE: calls of one session are checked one by one (the guide's "parallel calls are
+    # checked one by one"), so run counters and the replay lookup never race.
+    session = Session.objects.select_for_update().filter(pk=session_id, agent=agent).first()
+    if session is None:
+        raise NotFound("No such session for this agent.", code="session_not_found")
+    # The run's agent and org are the caller's, already loaded with its key: the approval request,
+    # its agent context and its event read them off the session without a query each.
+    session.agent = agent
+    if Agent.org.is_cached(agent):
+        session.org = agent.org
+    return session
+
+
+def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools: dict[str, Tool]) -> None:
+    if not reported:
+        return
+    # A retried request reports the same SAFE calls again; a step is charged once.
+    seen = set(SafeCall.objects.filter(session=session, step_index__in=[c.step_index for c in reported])
+               .values_list("step_index", flat=True))
+    fresh = {c.step_index: c for c in reported if c.step_index not in seen}
+    if not fresh:
+        return
+    SafeCall.objects.bulk_create(
+        SafeCall(session=session, tool_name=c.tool, step_index=c.step_index, args=c.args) for c in fresh.values())
+    for safe in fresh.values():
+        guard.charge_safe_call(session, tools.get(safe.tool), safe.tool)
+    session.step_index = max(session.step_index, *fresh)
+
+
+def _replay(existing: Effect, call: Call) -> Answer:
+    if call.idempotency_key and (existing.tool_name != call.tool or
+                                 existing.args_digest != call.args_digest):
+        raise Conflict("This idempotency_key was already used for a different call.",
+                       code="idempotency_key_reused", effect=existing.as_dict())
+    body: dict[str, Any] = {"decision": "replay", "effect": existing.as_dict()}
+    if existing.tier == Tier.IRREVERSIBLE:
+        found = ApprovalRequest.for_caller(existing)
+        if found is None and existing.state == Effect.State.REJECTED:
+            denied = Refusal.objects.filter(effect_id=existing.pk, kind=Refusal.Kind.RULE).first()
+            if denied is not None:  # a rule refused it: the same answer again, nothing counted twice
+                return Answer(403, refused_by_rule(existing, denied))
+        if found is not None:
+            body["approval"], fields = found
+            body["effect"].update(fields)
+            if body["approval"]["reason"]:
+                body["reason"] = body["approval"]["reason"]
+    return Answer(200, body)
+
+
+def _check_open(agent: Agent, session: Session) -> None:
+    if session.state == Session.State.AWAITING_APPROVAL:
+        pending = ApprovalRequest.objects.filter(session=session).pending().first()
+        raise Conflict("The session is waiting for a reviewer's decision on an irreversible call.",
+                       code="session_awaiting_approval", approval=pending.summary() if pending else None)
+    if session.state != Session.State.RUNNING:
+        raise Conflict(f"The session is {session.state}; open a new session.",
+                       code="session_not_running", state=session.state)
+    if agent.state != Agent.State.ACTIVE:
+        raise DomainError(f"The agent {agent.name} is {agent.state}; a reviewer must resume it.",
+                          code="agent_suspended", status_code=423,
+                          reason=agent.suspend_reason or agent.state, state=agent.state)
+
+
+def _tool_for(call: Call, tools: dict[str, Tool]) -> Tool:
+    tool = tools.get(call.tool)
+    if tool is None:
+        raise NotFound(f"No tool named {call.tool!r} is registered in this organization.",
+                       code="tool_not_registered", tool=call.tool)
+    if tool.tier == Tier.SAFE:
+        raise DomainError(f"{call.tool} is SAFE: run it at once and report it in safe_calls.",
+                          code="safe_tool_not_intercepted")
+    return tool
+
+
+def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> Effect:
+    effect = new_effect(session.org_id, session.id, tool, call, signature)
+    effect.save(force_insert=True)
+    effect.announce(None, effect.state)  # after commit, off this thread: no query, no wait
+    return effect
+
+
+def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
+    entry = new_undo_entry(tool, effect)
+    entry.save(force_insert=True)
+    return entry
+
+
+def new_effect(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> Effect:
+    """The effect row of an admitted call, not yet saved."""
+    values = effect_values(org_id, session_id, tool, call, signature)
+    del values["tool_id"]
+    return Effect(tool=tool, **values)
+
+
+def effect_values(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> dict[str, Any]:
+    """What an admitted call's effect row holds beyond its defaults, by attribute name: the pipeline
+    makes an `Effect` of them, the fast path its row (no model instance: they cost it ~0.1 ms)."""
+    initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
+    return {
+        "org_id": org_id, "session_id": session_id, "tool_id": tool.pk, "tool_name": tool.name, "tier": tool.tier,
+        "step_index": call.step_index, "call_signature": signature, "idempotency_key": call.idempotency_key,
+        "args": call.args, "args_digest": call.args_digest, "reasoning": call.reasoning,
+        "state": initial,
+        "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args, call.args),
+    }
+
+
+def new_undo_entry(tool: Tool, effect: Effect) -> UndoEntry:
+    """The undo entry pushed before a compensable effect runs, not yet saved."""
+    values = undo_entry_values(tool, effect.__dict__)
+    del values["fn_id"]
+    return UndoEntry(effect=effect, fn=tool.compensation_fn, **values)
+
+
+def undo_entry_values(tool: Tool, effect: dict[str, Any]) -> dict[str, Any]:
+    """The undo entry's values (by attribute name) for the effect's values."""
+    fn = tool.compensation_fn
+    # A template that reads the result is kept on the entry and rendered when the effect commits.
+    template = tool.compensation_args if effect["undo_needs_result"] else None
+    return {
+        "session_id": effect["session_id"], "step_index": effect["step_index"], "fn_id": fn.pk,
+        "fn_name": fn.fn_name, "fn_version": fn.fn_version, "args": render_template(tool.compensation_args,
+                                                                                 effect["args"]),
+        "args_template": template, "max_retries": tool.max_retries, "retry_backoff_ms": tool.retry_backoff_ms,
+    }
+
+
+def agent_context(session: Session, call: Call, effect: Effect) -> dict[str, Any]:
+    """The session's last N calls (SAFE ones included) and its reasoning trace."""
+    window = session.org.context_window
+    effects = list(Effect.objects.for_session(session).exclude(pk=effect.pk).order_by("-step_index")[:window])
+    safe = list(SafeCall.objects.filter(session=session).order_by("-step_index")[:window])
+    calls = [{"step_index": e.step_index, "tool": e.tool_name, "tier": e.tier, "args": e.args,
+              "state": e.state, "result": summarise(e.result), "error": e.error or None} for e in effects]
+    calls += [{"step_index": s.step_index, "tool": s.tool_name, "tier": Tier.SAFE, "args": s.args,
+               "state": "reported", "result": None, "error": None} for s in safe]
+    calls = sorted(calls, key=lambda c: c["step_index"])[-window:] if window else []
+    trace = [{"step_index": e.step_index, "text": e.reasoning} for e in sorted(effects, key=lambda e: e.step_index)
+             if e.reasoning]
+    if call.reasoning:
+        trace.append({"step_index": call.step_index, "text": call.reasoning})
+    return {"calls": calls, "reasoning": trace}
+
+
+def summarise(result: Any, limit: int = 300) -> str | None:
+    if result is None:
+        return None
+    text = result if isinstance(result, str) else canonical_json(result)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
