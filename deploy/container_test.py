@@ -149,8 +149,9 @@ class Dashboard:
                         if message["type"] == "hello":
                             self.connected.set()
                         self.seen.append(message)
-            except (OSError, websockets.WebSocketException, TimeoutError):
+            except (OSError, websockets.WebSocketException, TimeoutError) as exc:
                 self.drops += 1
+                log(f"the dashboard's websocket dropped: {exc!r}")
                 await asyncio.sleep(0.5)
 
     def saw(self, kind: str, approval_id: str) -> bool:
