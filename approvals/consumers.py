@@ -9,12 +9,14 @@ and drops a kind it does not know. It reads the database once, to check the memb
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from redis.exceptions import RedisError
 
 from approvals.models import EVENT_KINDS
 from core.fanout import SESSION_UPDATES, group_name
@@ -26,12 +28,25 @@ log = logging.getLogger(__name__)
 # Close codes the page's script understands (4000-4999 are the application's).
 NOT_LOGGED_IN = 4401
 NOT_A_MEMBER = 4403
+LAYER_DOWN = 1011  # the server cannot go on: the page reconnects (and fetches what it missed)
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """Forwards the org's events to one dashboard page."""
 
     group: str | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        """The channel layer's Redis timing out or going away is an outage, not a bug: one log
+        line (not a traceback per socket), and the socket is closed so that the page reconnects,
+        as it does after any drop, and fetches the pending list it may have missed meanwhile."""
+        try:
+            await super().__call__(scope, receive, send)
+        except (RedisError, OSError) as exc:
+            log.warning("dashboard websocket closed: the channel layer's Redis is unreachable (%s: %s); "
+                        "the page reconnects", type(exc).__name__, exc)
+            with contextlib.suppress(Exception):  # the client may be gone too
+                await send({"type": "websocket.close", "code": LAYER_DOWN})
 
     async def connect(self) -> None:
         """1. Refuse anonymous users (the handshake is closed before it is accepted).

@@ -82,7 +82,7 @@ MIDDLEWARE = [
     # An agent's intercept and commit are answered here when the fast path can: nothing below
     # applies to them, and every call of a fleet would pay it (the middleware's docstring says why).
     "undolog_site.middleware.FastPathMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "undolog_site.staticfiles.StaticFilesMiddleware",  # WhiteNoise, streaming async under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -2,7 +2,9 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from approvals import slack
@@ -31,6 +33,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("healthz", health.healthz, name="healthz"),
+    # Browsers ask every site for /favicon.ico (the API docs, the admin): answer, not a 404 each page.
+    path("favicon.ico", RedirectView.as_view(url=static("undolog/favicon.svg"), permanent=True)),
     path("metrics", ops_metrics.view, name="metrics"),
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -312,3 +312,29 @@ def test_every_recorded_kind_reaches_the_socket_through_the_notifier_and_it_stay
         if message["type"].startswith("approval."):
             assert message["payload"]["approval"]["id"] == approval["id"]  # the request as it is now
     assert pong["type"] == "pong"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_outage_closes_the_socket_with_one_log_line_and_no_traceback(acme, settings, caplog):
+    from tests.services import own_redis
+
+    reviewer = cookie_of(acme.reviewer.user)
+    with own_redis() as redis_server:
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                               "CONFIG": {"hosts": [redis_server.url], "prefix": "undolog"}}}
+        from channels.layers import channel_layers
+
+        channel_layers.backends.clear()
+
+        async def scenario():
+            socket = await connected(reviewer)
+            redis_server.stop()  # the layer's Redis goes away under an open socket
+            closed = await socket.receive_output(timeout=10)
+            assert closed == {"type": "websocket.close", "code": 1011}
+            await socket.wait()
+
+        with caplog.at_level("WARNING", logger="approvals.consumers"):
+            run(scenario)
+
+    lines = [r for r in caplog.records if r.name == "approvals.consumers"]
+    assert len(lines) == 1 and "Redis is unreachable" in lines[0].getMessage() and lines[0].exc_info is None
