@@ -14,8 +14,9 @@ $(STAMP): requirements.txt sdk/pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# Quiet unless something fails: the summary box (printed once the worker answers) comes last.
 run: $(STAMP)
-	$(PY) manage.py migrate --noinput
+	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py setupdemo
 	PORT=$(PORT) $(PY) -m undolog_site.launcher
 

@@ -41,6 +41,7 @@ def main() -> int:
                           "--schedule", str(var / "celerybeat-schedule")], cwd=BASE_DIR),
     ]
     _wait_until_up(host, port, children[0])
+    _wait_for_worker(children[1])
     print(summary(host, port, var), flush=True)
     stopping = False
 
@@ -77,6 +78,20 @@ def _wait_until_up(host: str, port: str, server: subprocess.Popen, timeout: floa
             return
         except OSError:
             time.sleep(0.2)
+
+
+def _wait_for_worker(worker: subprocess.Popen, timeout: float = 60) -> None:
+    """The summary waits for the worker too (a Celery ping answered): a request approved before it
+    is ready would still work, but the box must be the last thing its start-up leaves on screen."""
+    from undolog_site.celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and worker.poll() is None:
+        try:
+            if app.control.ping(timeout=1):
+                return
+        except Exception:  # the broker is still coming up: ask again
+            time.sleep(0.5)
 
 
 def summary(host: str, port: str, var: Path) -> str:
