@@ -130,6 +130,86 @@ def own_postgres():
                 pass
 
 
+class ReplicatedPostgres:
+    """A primary and a streaming standby (pg_basebackup -R), each a cluster of its own on its own
+    port, with synchronous replication: the primary acknowledges a commit only once the standby
+    has it (`synchronous_standby_names = '*'`, `synchronous_commit = on`), so a failover loses no
+    acknowledged commit. `url()` is libpq's multi-host form with `target_session_attrs=read-write`,
+    as an app would be configured: whichever of the two accepts writes is the one it uses."""
+
+    def __init__(self, directory: Path, *, synchronous: bool = True, listen: str = "127.0.0.1",
+                 hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.1")) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(directory, "postgres")  # the clusters' directories are inside it
+        (directory / "primary").mkdir()
+        (directory / "standby").mkdir()
+        self.primary, self.standby = OwnPostgres(directory / "primary"), OwnPostgres(directory / "standby")
+        self.synchronous, self.listen, self.hosts = synchronous, listen, hosts
+
+    def init(self) -> None:
+        primary = self.primary
+        primary.init()
+        with open(primary.data / "postgresql.conf", "a") as conf:
+            conf.write(f"listen_addresses = '{self.listen}'\nwal_level = replica\nmax_wal_senders = 5\n"
+                       f"wal_keep_size = '256MB'\nsynchronous_commit = {'on' if self.synchronous else 'local'}\n"
+                       f"synchronous_standby_names = '{'*' if self.synchronous else ''}'\n")
+        with open(primary.data / "pg_hba.conf", "a") as hba:
+            hba.write("host all all 0.0.0.0/0 trust\nhost replication all 0.0.0.0/0 trust\n")
+        primary.start()
+        standby = self.standby
+        if standby.as_root:
+            shutil.chown(standby.directory, "postgres")
+        standby._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres", "-D",
+                     str(standby.data), "-R", "-X", "stream", timeout=120)
+        with open(standby.data / "postgresql.conf", "a") as conf:
+            conf.write(f"port = {standby.port}\nhot_standby = on\n")
+        with open(standby.data / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"primary_conninfo = 'host={self.hosts[0]} port={primary.port} user=postgres "
+                       "application_name=standby'\n")
+        standby.start()
+        _until(lambda: self.streaming(), "the standby did not start streaming", timeout=30)
+
+    def streaming(self) -> bool:
+        with psycopg.connect(self.primary.url(), autocommit=True, connect_timeout=2) as db:
+            row = db.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+        return row is not None and row[0] == ("sync" if self.synchronous else "async")
+
+    def url(self, database: str = "undolog") -> str:
+        return (f"postgres://postgres@{self.hosts[0]}:{self.primary.port},{self.hosts[1]}:{self.standby.port}"
+                f"/{database}?target_session_attrs=read-write")
+
+    def kill_primary(self) -> None:
+        """The primary dies as in a crash: every connection cut, nothing flushed on the way out."""
+        self.primary._run("pg_ctl", "-D", str(self.primary.data), "-m", "immediate", "-w", "-t", "30", "stop")
+
+    def promote(self) -> None:
+        """What a failover manager (Patroni, pg_auto_failover) does: promote the standby, and, as it
+        has no standby of its own yet, stop waiting for one. The standby's configuration is a copy
+        of the primary's: left at '*', every commit on the new primary would wait forever."""
+        self.standby._run("pg_ctl", "-D", str(self.standby.data), "-w", "-t", "30", "promote")
+        with psycopg.connect(self.standby.url(), autocommit=True, connect_timeout=2) as db:
+            db.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+            db.execute("SELECT pg_reload_conf()")
+
+    def stop(self) -> None:
+        for server in (self.standby, self.primary):
+            try:
+                server.stop()
+            except subprocess.SubprocessError:
+                pass  # already down (the killed primary)
+
+
+@contextmanager
+def replicated_postgres(**options):
+    with tempfile.TemporaryDirectory(prefix="undolog-pgrep-") as directory:
+        cluster = ReplicatedPostgres(Path(directory), **options)
+        try:
+            cluster.init()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
 def _until(check, message: str, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while True:
