@@ -45,6 +45,7 @@ def _database(timeout: float) -> None:
     db = connections["default"]
     if db.vendor == "postgresql" and db.settings_dict["OPTIONS"].get("pool"):
         # The pool itself, with the check's deadline: a request's wait (DB_POOL_TIMEOUT_MS) is longer.
+        db.pool.open()  # Django opens it on a request's first connection; this may come first
         with db.pool.connection(timeout=timeout) as conn:
             conn.execute("SELECT 1")
         return
