@@ -383,9 +383,16 @@ def run(seconds: float, work: Path, seed: int = 30, min_faults: int = 0, hold: t
             actor.join(timeout=90)
         history.close()
         # Quiet: every walk the faults held up is finished by the workers and the sweeps.
-        settle_until = time.monotonic() + 120
-        while time.monotonic() < settle_until and not _settled(pg.url()):
-            time.sleep(1)
+        # Under load the workers may be minutes behind: wait while the backlog shrinks, and give up
+        # only once it has not moved for 60 s (then what is left is stuck: the checker names it).
+        left, moved, settle_started = _unsettled(pg.url()), time.monotonic(), time.monotonic()
+        while left and time.monotonic() - moved < 60 and time.monotonic() - settle_started < 1200:
+            time.sleep(2)
+            now_left = _unsettled(pg.url())
+            if now_left < left:
+                moved = time.monotonic()
+            left = now_left
+        out(f"settled in {time.monotonic() - settle_started:.0f} s ({left} entries left)")
         report = check(work / "history.jsonl", work / "receiver.jsonl", pg.url(), runs)
         report["faults"] = dict(stats.faults)
         report["errors_per_fault"] = errors_per_fault(work / "history.jsonl", faults)
@@ -412,11 +419,12 @@ def _summary(values: list) -> dict:
             "max": round(known[-1], 2) if known else None, "none_after": len(values) - len(known)}
 
 
-def _settled(url: str) -> bool:
+def _unsettled(url: str) -> int:
+    """Undo entries of rolled-back runs not yet compensated."""
     with psycopg.connect(url, connect_timeout=3) as db:
         return db.execute("""SELECT count(*) FROM effects_undoentry u JOIN effects_session s ON s.id = u.session_id
                              WHERE s.state = ANY(%s) AND u.state IN ('pending', 'running')""",
-                          (list(ROLLED_BACK),)).fetchone()[0] == 0
+                          (list(ROLLED_BACK),)).fetchone()[0]
 
 
 def check(history_path: Path, receiver_path: Path, url: str, runs: dict) -> dict:
@@ -537,6 +545,7 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
     work = Path(tempfile.mkdtemp(prefix="undolog-nemesis-"))
     report = run(args.seconds, work, seed=args.seed, min_faults=args.faults)
+    (work / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print_report(report)
     print(f"history and logs in {work}" if args.keep else "")
     if not args.keep:
@@ -553,7 +562,7 @@ def print_report(report: dict, out=print) -> None:
                                                "approvals_decided", "refused_over_cap")))
     out(f"statuses: {report['statuses']}")
     out("unserved answers (503, broken connections) per fault kind: " + json.dumps(report.get("errors_per_fault")))
-    out(f"violations: {len(report['violations'])}")
+    out(f"violations: {len(report['violations'])} {dict(Counter(v['rule'] for v in report['violations']))}")
     for violation in report["violations"][:50]:
         out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:600]}")
 
