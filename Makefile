@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check
+.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check nemesis nemesis-short nemesis-tools
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,23 @@ extras: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The long nemesis run (tests/faults/nemesis.py): hosts in network namespaces, faults of every kind,
+# the checker over the history. Root, iproute2, nftables and faketime (Debian packages).
+NEMESIS_S ?= 600
+NEMESIS_FAULTS ?= 50
+nemesis: $(STAMP) nemesis-tools
+	$(PY) -m tests.faults.nemesis --seconds $(NEMESIS_S) --faults $(NEMESIS_FAULTS) $(NEMESIS_ARGS)
+
+# CI's short run: one fault of each kind (a few minutes), the same checker.
+nemesis-short: $(STAMP) nemesis-tools
+	$(PY) -m tests.faults.nemesis --seconds 0 --faults 8
+
+nemesis-tools:
+	@command -v ip >/dev/null && command -v nft >/dev/null && test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || { \
+	  echo "installing Debian's iproute2, nftables and faketime for the nemesis run"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq iproute2 nftables faketime >/dev/null; }
 
 # Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)

@@ -20,25 +20,36 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
     var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
+    database_url = os.environ.get("DATABASE_URL", "")
+    # One launcher per var dir and database: a second would share its Redis and its beat.
+    try:
+        held = embedded_redis.hold(var, database_url)  # noqa: F841 (held until this process ends)
+    except embedded_redis.AlreadyServed as exc:
+        print(f"undolog: {exc}", file=sys.stderr, flush=True)
+        return 2
+    instance = embedded_redis.instance_suffix(database_url)
     redis_process = None
     if "REDIS_URL" not in os.environ:
-        socket_path = var / "redis.sock"
-        redis_process = embedded_redis.start(socket_path)
+        socket_path = embedded_redis.socket_for(var, database_url)
+        # We hold the socket: a server answering on it is an orphan of a launcher that was killed.
+        redis_process = embedded_redis.start(socket_path, reap=True)
         os.environ["REDIS_URL"] = f"unix://{socket_path}"
     port = os.environ.get("PORT", "8000")
     host = os.environ.get("HOST", "127.0.0.1")
     # A restart counts from zero: counters of processes that are gone would otherwise add up forever.
-    metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / "metrics")))
+    metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / f"metrics{instance}")))
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True, exist_ok=True)
     children = [
         subprocess.Popen([sys.executable, "-m", "uvicorn", "undolog_site.asgi:application",
-                          "--host", host, "--port", port, "--no-access-log", "--log-level", "warning"], cwd=BASE_DIR),
+                          "--host", host, "--port", port, "--no-access-log", "--log-level", "warning"], cwd=BASE_DIR,
+                         **_OWN_GROUP),
         # -q: no banner. Its periodic tasks log at DEBUG (settings.LOGGING), so warnings stand out.
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker", "-B",
                           "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
                           "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4"),
-                          "--schedule", str(var / "celerybeat-schedule")], cwd=BASE_DIR),
+                          "--schedule", str(var / f"celerybeat-schedule{instance}")], cwd=BASE_DIR,
+                         **_OWN_GROUP),
     ]
     _wait_until_up(host, port, children[0])
     _wait_for_worker(children[1])
@@ -56,17 +67,28 @@ def main() -> int:
             time.sleep(0.2)
     finally:
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+            _signal_group(child, signal.SIGTERM)
         for child in children:
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                child.kill()
-        if redis_process is not None:
-            embedded_redis.stop(redis_process)
+                pass
+            _signal_group(child, signal.SIGKILL)  # what is left of it: pool children, the embedded beat
+        embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
     return 1 if failed and not stopping else 0
+
+
+# Each child leads a process group of its own, stopped as a whole (a celery worker's pool and its
+# embedded beat with it), and dies with the launcher even when the launcher is SIGKILLed.
+_OWN_GROUP = {"start_new_session": True, "preexec_fn": embedded_redis.die_with_parent}
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _wait_until_up(host: str, port: str, server: subprocess.Popen, timeout: float = 30) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from undolog_site import embedded_redis
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -111,8 +113,35 @@ TEMPLATES = [
 
 # Database: SQLite under var/ by default, PostgreSQL through DATABASE_URL.
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+
+
+def parse_database_url(url: str) -> dict:
+    """dj-database-url's parse, plus libpq's multi-host form, which it refuses when the hosts carry
+    ports: `postgres://user@db1:5432,db2:5432/undolog?target_session_attrs=read-write` (a primary
+    and its standby: psycopg tries them in order and keeps the one that accepts writes). Django
+    hands HOST and PORT to libpq as given, and libpq reads comma-separated lists in both."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    auth, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url)
+    pairs = [_host_and_port(host) for host in hosts.split(",")]
+    db = dj_database_url.parse(f"{scheme}://{auth}{at}multihost{slash}{tail}")
+    db["HOST"] = ",".join(host for host, _ in pairs)
+    db["PORT"] = ",".join(port or "5432" for _, port in pairs)
+    return db
+
+
+def _host_and_port(item: str) -> tuple[str, str]:
+    if item.startswith("["):  # [::1]:5432
+        host, _, port = item[1:].partition("]")
+        return host, port.lstrip(":")
+    host, _, port = item.partition(":")
+    return host, port
+
+
 if DATABASE_URL:
-    default_db = dj_database_url.parse(DATABASE_URL)
+    default_db = parse_database_url(DATABASE_URL)
 else:
     default_db = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "undolog.sqlite3"}
 
@@ -130,11 +159,30 @@ if default_db["ENGINE"] == "django.db.backends.sqlite3":
 elif default_db["ENGINE"] == "django.db.backends.postgresql":
     # Django's psycopg pool, not CONN_MAX_AGE: persistent connections leak under ASGI.
     default_db["CONN_MAX_AGE"] = 0
+    # Fail fast (README, "Deploying and scaling"): while the database is away a request waits at
+    # most DB_POOL_TIMEOUT_S for a connection and answers 503, well inside a load balancer's
+    # health-check timeout; a connection attempt gives up after DB_CONNECT_TIMEOUT_S per host
+    # (libpq's floor is 2 s), and a connection whose packets stop being acknowledged (a partition,
+    # a host that died without a FIN) is dropped after DB_TCP_USER_TIMEOUT_MS, not after the
+    # kernel's ~15 minutes of retransmissions. Options from the URL's query string win.
+    DB_POOL_TIMEOUT_S = envint("DB_POOL_TIMEOUT_MS", "2000") / 1000
     default_db["OPTIONS"] = {
+        "connect_timeout": envint("DB_CONNECT_TIMEOUT_S", "2"),
+        "keepalives": 1,
+        "keepalives_idle": 1,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": envint("DB_TCP_USER_TIMEOUT_MS", "3000"),
+        **default_db.get("OPTIONS", {}),
         "pool": {
             "min_size": envint("DB_POOL_MIN", "1"),
             "max_size": envint("DB_POOL_MAX", "40"),
-            "timeout": 30,
+            "timeout": DB_POOL_TIMEOUT_S,
+            # The pool's own reconnection attempts back off exponentially (1, 2, 4 … s) for this
+            # long: kept short, an outage's attempt gives up within seconds and the next request
+            # starts a fresh one, so the pool is back within a request of the database (with the
+            # default 5 minutes it could wait a doubled delay of a minute after the database was).
+            "reconnect_timeout": DB_POOL_TIMEOUT_S,
         },
         # Only server-side-binding cursors prepare: the intercept's fast path (lifecycle/fastpath.py)
         # has its one statement planned once per connection. Django's own cursors bind on the
@@ -145,7 +193,8 @@ DATABASES = {"default": default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: the Celery broker, the Channels layer and the long-poll wake-ups.
-REDIS_URL = os.environ.get("REDIS_URL", f"unix://{VAR_DIR / 'redis.sock'}")
+# The embedded one is per var dir and database (undolog_site/embedded_redis.py says why).
+REDIS_URL = os.environ.get("REDIS_URL") or f"unix://{embedded_redis.socket_for(VAR_DIR, DATABASE_URL)}"
 EMBEDDED_REDIS = "REDIS_URL" not in os.environ or envbool("UNDOLOG_EMBEDDED_REDIS", "0")
 
 
@@ -329,6 +378,8 @@ UNDOLOG_LOGIN_FAILURES_PER_ADDRESS = envint("UNDOLOG_LOGIN_FAILURES_PER_ADDRESS"
 UNDOLOG_LOGIN_WINDOW_S = envint("UNDOLOG_LOGIN_WINDOW_S", "900")
 # 503 database_unavailable (undolog_site/middleware.py): when to try again.
 UNDOLOG_DATABASE_RETRY_AFTER_S = envint("UNDOLOG_DATABASE_RETRY_AFTER_S", "2")
+# /healthz answers within this whatever is down (undolog_site/health.py).
+UNDOLOG_HEALTHZ_TIMEOUT_MS = envint("UNDOLOG_HEALTHZ_TIMEOUT_MS", "800")
 # A task the broker could not take (core/enqueue.py): how long not to try again (the sweeps catch up).
 UNDOLOG_ENQUEUE_BACKOFF_S = envint("UNDOLOG_ENQUEUE_BACKOFF_S", "5")
 # How many proxies in front append to X-Forwarded-For (0: use the connection's address).
