@@ -52,8 +52,14 @@ schema: $(STAMP)
 extras: $(STAMP)
 	$(PY) sdk/scripts/check_extras.py
 
-bench: $(STAMP)
+bench: $(STAMP) .venv-agentdojo/.installed
 	$(PY) -m bench
+
+# AgentDojo's own venv (bench/agentdojo.py replays its suites through the server from it).
+.venv-agentdojo/.installed: bench/agentdojo-requirements.txt
+	test -x .venv-agentdojo/bin/python || $(PYTHON) -m venv .venv-agentdojo
+	.venv-agentdojo/bin/python -m pip install -q -r bench/agentdojo-requirements.txt
+	touch $@
 
 # Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)
