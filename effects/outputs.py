@@ -9,9 +9,13 @@ characters, case and runs of whitespace ignored), and only a keyed 63-bit hash o
 (`RunFingerprint`), in the request that brought the output. The raw output is gone with it.
 
 Untrusted text: the whole output of a tool labelled `untrusted`, or, when the tool names
-`untrusted_fields`, the values under those keys (wherever they occur). Trusted text, which
-vouches: the run's `inputs`, a read not labelled `untrusted`, the other fields of one that names
-`untrusted_fields`. A token vouched for before it appears in untrusted text never taints.
+`untrusted_fields`, the values under those keys (wherever they occur); and, in any output but the
+run's inputs, a string of more than 200 characters or several lines (prose someone wrote, where a
+value was due).
+Trusted text, which vouches: the run's `inputs` (its tokens, whole values, and every phrase of up
+to four words: "post to the 'general' channel" vouches for `general`), a read not labelled
+`untrusted`, the other fields of one that names `untrusted_fields`. A token vouched for before it
+appears in untrusted text never taints.
 
 Bounded per run (`UNDOLOG_RUN_FINGERPRINTS`): past the bound new tokens are not kept and the run
 is marked full, and `tainted()` then holds every string of the run (it fails closed: a person
@@ -35,15 +39,17 @@ UNTRUSTED = "untrusted"
 FULL = "__full__"  # the tool name of the marker row of a run past its bound
 MIN_WHOLE = 4
 MAX_WHOLE = 400  # a longer string is prose: its tokens matter, not its whole value
+PROSE = 200  # a string in a trusted output past this (or over several lines) is prose someone wrote
 
-_EMAIL = re.compile(r"[a-z0-9._%+'-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
+_EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
 # A bare host (no scheme): a name with a common top-level domain, so file names (report.pdf) are not hosts.
-_HOST = re.compile(r"\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
+_HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
                    r"xyz|me|us|uk|de|fr|eu|ru|cn|ch|nl|it|es|be|ly|to|site|online|link|click|top)\b")
 _ALNUM = re.compile(r"[a-z0-9]{8,}")
 _DIGITS = re.compile(r"\d{6,}")
 _SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
 _TRAILING = ".,;:!?"
 
 
@@ -64,9 +70,9 @@ def tokens_of(text: str) -> list[str]:
     whole = _SPACE.sub(" ", lowered).strip()
     if MIN_WHOLE <= len(whole) <= MAX_WHOLE:
         found.append(whole)
-    for email in _EMAIL.findall(lowered):
-        found.append(email)
-        found.append(email.rsplit("@", 1)[1])
+    # An address, not its domain: that some untrusted text named a gmail.com address says nothing
+    # of every other gmail.com address.
+    found.extend(_EMAIL.findall(lowered))
     for url in _URL.findall(lowered):
         url = url.rstrip(_TRAILING)
         found.append(url)
@@ -126,16 +132,50 @@ def prints_of(parts: Iterable[Any]) -> set[int]:
     return {fingerprint(token) for part in parts for text in strings_in(part) for token in tokens_of(text)}
 
 
+def phrases_of(value: Any, longest: int = 4) -> set[int]:
+    """Every run of 1 to `longest` words (>= 4 characters) of the user's request: what it names
+    ("the 'general' channel") vouches for the same words met later as a whole value."""
+    found = set()
+    for text in strings_in(value):
+        words = _WORD.findall(text.lower())
+        for n in range(1, longest + 1):
+            for i in range(len(words) - n + 1):
+                phrase = " ".join(words[i:i + n])
+                if len(phrase) >= MIN_WHOLE:
+                    found.add(fingerprint(phrase))
+    return found
+
+
+def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
+    """(long strings, the rest) of trusted parts: a string past `PROSE` characters, or of several
+    lines, inside a trusted output is prose someone wrote (a channel's name that carries a
+    paragraph), not a value the system vouches for, so its tokens taint."""
+    prose: list[str] = []
+    rest: list[Any] = []
+    for part in parts:
+        for text in strings_in(part):
+            (prose if len(text) > PROSE or "\n" in text.strip() else rest).append(text)
+    return prose, rest
+
+
 def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, labels: Iterable[str] = (),
-           untrusted_fields: Iterable[str] = ()) -> None:
-    """Keep the fingerprints of one output of the run (in the caller's transaction), within the run's bound."""
+           untrusted_fields: Iterable[str] = (), inputs: bool = False) -> None:
+    """Keep the fingerprints of one output of the run (in the caller's transaction), within the run's
+    bound. `inputs`: the user's request, trusted as a whole (its tokens, whole values and phrases)."""
     if output is None:
         return
-    if UNTRUSTED in set(labels):
+    if inputs:
+        untrusted, trusted = [], [output]
+    elif UNTRUSTED in set(labels):
         untrusted, trusted = split(output, untrusted_fields)
     else:
         untrusted, trusted = [], [output]
+    if not inputs:
+        prose, trusted = prose_of(trusted)
+        untrusted = [*untrusted, *prose]
     tainted, vouched = prints_of(untrusted), prints_of(trusted)
+    if inputs:
+        vouched |= phrases_of(output)
     tainted -= vouched  # the same output's trusted fields vouch for what they share
     if not tainted and not vouched:
         return

@@ -59,7 +59,8 @@ def test_tier_for_reads_mcp_objects_of_either_major_version() -> None:
 
 def test_an_irreversible_import_takes_its_reason_from_the_description() -> None:
     mcp_tool = {"name": "delete_account", "description": "Permanently delete an account.\nMore.",
-                "annotations": {"destructiveHint": True}}
+                "annotations": {"destructiveHint": True},
+            "labels": ["external"]}  # open world by MCP's default: it reaches outside
     spec, found = spec_for(mcp_tool, trusted=True, cost_weight=5.0)
     assert spec.to_dict() == {
         "name": "delete_account", "tier": "irreversible", "cost_weight": 5.0,
