@@ -148,3 +148,13 @@ def test_tools_two_servers_share_are_prefixed_with_their_server_name():
     assert gateway.routes["gitlab_create_issue"].upstream_name == "create_issue"
     registered = [tool["name"] for tool in http.sent[-1].body["tools"]]
     assert sorted(registered) == ["github_create_issue", "gitlab_create_issue", "star"]
+
+
+def test_a_tool_table_sets_labels_and_untrusted_fields_for_run_aware_rules():
+    config = parse_config(with_tool(labels=["untrusted", "private"], untrusted_fields=["body"]))
+    spec, _ = tier_tool(config.servers[0], Tool("create_issue", readOnlyHint=True), "create_issue")
+
+    assert spec.labels == ("untrusted", "private")
+    assert spec.untrusted_fields == ("body",)
+    with pytest.raises(ConfigError, match="labels must be a list of strings"):
+        parse_config(with_tool(labels="untrusted"))

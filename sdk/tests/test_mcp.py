@@ -59,15 +59,15 @@ def test_tier_for_reads_mcp_objects_of_either_major_version() -> None:
 
 def test_an_irreversible_import_takes_its_reason_from_the_description() -> None:
     mcp_tool = {"name": "delete_account", "description": "Permanently delete an account.\nMore.",
-                "annotations": {"destructiveHint": True},
-            "labels": ["external"]}  # open world by MCP's default: it reaches outside
+                "annotations": {"destructiveHint": True}}
     spec, found = spec_for(mcp_tool, trusted=True, cost_weight=5.0)
     assert spec.to_dict() == {
         "name": "delete_account", "tier": "irreversible", "cost_weight": 5.0,
         "description": "Permanently delete an account.\nMore.",
         "approval": {"reason": "Permanently delete an account.",
                      "risk_tags": ["mcp", "destructive", "open-world"], "estimated_impact": ""},
-        "annotations": {"destructiveHint": True}}
+        "annotations": {"destructiveHint": True},
+        "labels": ["external"]}  # open world by MCP's default: it reaches outside
     assert found.why == "destructive"
     nameless, _ = spec_for({"name": "zap"})
     assert nameless.approval.reason.startswith("MCP tool zap")

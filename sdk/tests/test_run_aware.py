@@ -40,7 +40,8 @@ def _registered(client: UndoLogClient) -> None:
     client.register(read_inbox, list_contacts, read_page, send_mail)
 
 
-def test_labels_and_untrusted_fields_are_registered(server: FakeServer, client: UndoLogClient) -> None:
+def test_labels_and_untrusted_fields_are_registered(server: FakeServer,
+                                                     client: UndoLogClient) -> None:
     [body] = server.bodies("/api/v1/tools")
     tools = {t["name"]: t for t in body["tools"]}
     assert tools["read_inbox"]["labels"] == ["untrusted", "private"]
@@ -61,7 +62,8 @@ def test_a_safe_untrusted_read_reports_its_output_and_a_trusted_one_does_not(
         {"tool": "list_contacts", "step_index": 1, "args": {}}]
 
 
-def test_an_async_untrusted_read_reports_its_output(server: FakeServer, client: UndoLogClient) -> None:
+def test_an_async_untrusted_read_reports_its_output(server: FakeServer,
+                                                    client: UndoLogClient) -> None:
     async def run() -> None:
         async with client.session(agent="mail"):
             await read_page("https://x.io")
@@ -77,8 +79,9 @@ def test_labels_that_are_not_short_strings_fail_at_decoration() -> None:
 
 
 def test_the_mcp_import_suggests_labels_from_hints() -> None:
-    web = SimpleNamespace(name="fetch", description="Fetch a page", annotations=SimpleNamespace(
-        readOnlyHint=True, openWorldHint=True, destructiveHint=False, idempotentHint=True, title=None))
+    hints = SimpleNamespace(readOnlyHint=True, openWorldHint=True, destructiveHint=False,
+                            idempotentHint=True, title=None)
+    web = SimpleNamespace(name="fetch", description="Fetch a page", annotations=hints)
     trusted_spec, _ = spec_for(web, trusted=True)
     untrusted_spec, _ = spec_for(web, trusted=False)
     assert trusted_spec.labels == ("external",)
