@@ -53,7 +53,7 @@ schema: $(STAMP)
 extras: $(STAMP)
 	$(PY) sdk/scripts/check_extras.py
 
-bench: $(STAMP)
+bench: $(STAMP) .venv-agentdojo/.installed
 	$(PY) -m bench
 
 # The long nemesis run (tests/faults/nemesis.py): hosts in network namespaces, faults of every kind,
@@ -72,6 +72,12 @@ nemesis-tools:
 	  echo "installing Debian's iproute2, nftables and faketime for the nemesis run"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq iproute2 nftables faketime >/dev/null; }
+
+# AgentDojo's own venv (bench/agentdojo.py replays its suites through the server from it).
+.venv-agentdojo/.installed: bench/agentdojo-requirements.txt
+	test -x .venv-agentdojo/bin/python || $(PYTHON) -m venv .venv-agentdojo
+	.venv-agentdojo/bin/python -m pip install -q -r bench/agentdojo-requirements.txt
+	touch $@
 
 # Finds `make run`'s server on the same PORT (PORT=8765 make run, then PORT=8765 make demo).
 demo: $(STAMP)

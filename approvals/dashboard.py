@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.safestring import SafeString, mark_safe
 
+from approvals.events import why_text
 from approvals.models import EVENT_KINDS, ApprovalRequest, Grant, OrgWebhook, SlackConnection
 from budgets import day_usage, sizing
 from budgets.models import BudgetPolicy, Limits, PolicyChange, Refusal
@@ -124,7 +125,8 @@ QUEUE_ROW = ('<tr class="queue-row" data-id="{id}" data-deadline="{deadline}">'
              '<small class="auto"{auto}>then auto-approved</small></td>'
              '<td class="tool"><a class="row-link" href="{url}">{tool}</a> '
              '<small class="quorum" title="distinct approvers so far"{quorum_hidden}>{quorum}</small> '
-             '<small class="group" title="only this reviewer group may approve"{group_hidden}>{group}</small></td>'
+             '<small class="group" title="only this reviewer group may approve"{group_hidden}>{group}</small> '
+             '<small class="why" title="why a rule holds it"{why_hidden}>{why}</small></td>'
              '<td class="agent" data-label="agent">{agent}</td><td class="tags">{tags}</td>'
              '<td class="impact">{impact}</td><td class="reasoning">{reasoning}</td></tr>')
 HIDDEN = mark_safe(" hidden")
@@ -133,7 +135,7 @@ HIDDEN = mark_safe(" hidden")
 def empty_queue_row() -> SafeString:
     return mark_safe(QUEUE_ROW.format(id="", deadline="", left="", auto=HIDDEN, url="", tool="", agent="", tags="",
                                       impact="", reasoning="", quorum="", quorum_hidden=HIDDEN, group="",
-                                      group_hidden=HIDDEN))
+                                      group_hidden=HIDDEN, why="", why_hidden=HIDDEN))
 
 
 @dataclass
@@ -152,6 +154,7 @@ class QueueRow:
     approvals: int = 0
     approvals_required: int = 1
     reviewer_group: str = ""
+    why: str = ""
 
     @property
     def quorum(self) -> str:
@@ -188,7 +191,8 @@ class QueueRow:
             reasoning=escape(self.reasoning), quorum=escape(self.quorum),
             quorum_hidden="" if self.quorum else HIDDEN,
             group=escape(f"needs {self.reviewer_group}" if self.reviewer_group else ""),
-            group_hidden="" if self.reviewer_group else HIDDEN))
+            group_hidden="" if self.reviewer_group else HIDDEN, why=escape(self.why),
+            why_hidden="" if self.why else HIDDEN))
 
 
 def first_line(text: str | None, limit: int = 200) -> str:
@@ -212,12 +216,14 @@ def pending_queue(org: Organization, limit: int = QUEUE_LIMIT, *, filters: dict[
                       deadline=Cast("timeout_at", output_field=TextField()))
             .values_list("id", "tool_name", "session_id", "session__agent__name", "risk_tags", "estimated_impact",
                          "deadline", "reasoning_head", "auto_approve_on_timeout", "approvals",
-                         "approvals_required", "reviewer_group_name")[:limit])
+                         "approvals_required", "reviewer_group_name", "why")[:limit])
     return [QueueRow(id=str(pk), tool=tool, agent=agent, session=str(session),
                      risk_tags=[(tag, risk_class(tag)) for tag in tags or []], estimated_impact=impact,
                      timeout_at=_moment(deadline), reasoning=first_line(reasoning), auto_approve_on_timeout=auto,
-                     approvals=len(approvals or []), approvals_required=required, reviewer_group=group)
-            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto, approvals, required, group in rows]
+                     approvals=len(approvals or []), approvals_required=required, reviewer_group=group,
+                     why=why_text(why))
+            for pk, tool, session, agent, tags, impact, deadline, reasoning, auto, approvals, required, group, why
+            in rows]
 
 
 # Filters of the queue. Age is how long a request has waited ("older than").

@@ -58,6 +58,33 @@ class ApprovalByDict(TypedDict):
     at: str
 
 
+class TaintedDict(TypedDict):
+    """An argument that carried a token from untrusted output: which, and from which earlier call."""
+
+    arg: str
+    token: str
+    from_step: int
+    from_tool: str
+
+
+class WhyDict(TypedDict):
+    """Why a rule holds a call: the rule, its message, and what `tainted()` found."""
+
+    rule: str
+    message: str
+    tainted: list[TaintedDict]
+
+
+def why_text(why: list[dict]) -> str:
+    """One line for the queue card and Slack: 'rule x: to came from read_inbox at step 2'."""
+    parts = []
+    for item in why or []:
+        found = "; ".join(f"{t['arg']} came from {t['from_tool']} at step {t['from_step']}"
+                          for t in item.get("tainted") or [])
+        parts.append(f"rule {item.get('rule')}: {found or item.get('message') or 'matched'}")
+    return " · ".join(parts)
+
+
 class RuleObservationDict(TypedDict):
     """An observe-mode rule that matched: what it would have decided."""
 
@@ -97,6 +124,7 @@ class ApprovalPayload(TypedDict):
     quorum: str
     rule: str | None
     rule_observations: list[RuleObservationDict]
+    why: list[WhyDict]
     reviewer_group: str | None
 
 
@@ -121,7 +149,7 @@ def approval_payload(approval) -> ApprovalPayload:
         decided_at=approval.decided_at.isoformat() if approval.decided_at else None,
         decision_reason=approval.decision_reason or None, rollback=approval.rollback,
         approvals_required=approval.approvals_required, approvals=approval.approvals, quorum=approval.quorum,
-        rule=approval.rule or None, rule_observations=approval.rule_observations,
+        rule=approval.rule or None, rule_observations=approval.rule_observations, why=approval.why or [],
         reviewer_group=approval.reviewer_group_name or None,
     )
 

@@ -151,6 +151,8 @@ class ApprovalRequest(models.Model):
     reviewer_group_name = models.CharField(max_length=64, blank=True)
     rule_observations = models.JSONField(default=list, blank=True,
                                          help_text="What observe-mode rules would have decided.")
+    # Why a rule holds the call: [{"rule", "message", "tainted": [{"arg", "token", "from_step", "from_tool"}]}].
+    why = models.JSONField(default=list, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
     objects = ApprovalRequestQuerySet.as_manager()
@@ -166,17 +168,19 @@ class ApprovalRequest(models.Model):
     @classmethod
     def open_for(cls, effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
                  approvals_required: int = 1, rule: str = "", reviewer_group: Any = None,
-                 observations: list[dict[str, Any]] | None = None) -> ApprovalRequest:
+                 observations: list[dict[str, Any]] | None = None,
+                 why: list[dict[str, Any]] | None = None) -> ApprovalRequest:
         """Create the request in the intercept transaction (deadline: tool, else org)."""
         org = session.org
         timeout_s = tool.approval_timeout_s or org.approval_timeout_s
         auto = tool.auto_approve_on_timeout
         return cls.objects.create(
-            approvals_required=approvals_required, rule=rule, rule_observations=observations or [],
+            approvals_required=approvals_required, rule=rule, rule_observations=observations or [], why=why or [],
             reviewer_group_id=reviewer_group.id if reviewer_group else None,
             reviewer_group_name=reviewer_group.name if reviewer_group else "",
             org=org, effect=effect, session=session, tool_name=tool.name,
-            reason=tool.approval_reason, risk_tags=tool.risk_tags,
+            reason=tool.approval_reason or next((w["message"] for w in why or [] if w.get("message")), ""),
+            risk_tags=tool.risk_tags,
             estimated_impact=render_text(tool.estimated_impact, effect.args),
             proposed_args=effect.args, args_digest=effect.args_digest, agent_context=context,
             timeout_at=timezone.now() + timedelta(seconds=timeout_s),

@@ -29,6 +29,7 @@ from django.db import connection, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals import runaware
 from budgets import day_usage
 from core.errors import Invalid
 from orgs.models import Agent, Event, Organization
@@ -38,6 +39,18 @@ MAX_RULES_PER_ORG = 500
 MAX_APPROVERS = 10
 # The names a condition may read (see `activation`); anything else is a 400 at save time.
 VARIABLES = frozenset({"args", "tool", "agent", "run", "day", "now"})
+# The functions a condition may call: CEL's own (the Rust crate's) and the run-aware ones
+# (approvals/runaware.py); anything else is a 400 at save time (it would never match).
+BUILTINS = frozenset({"size", "contains", "startsWith", "endsWith", "matches", "int", "uint", "double", "string",
+                      "bytes", "timestamp", "duration", "type", "dyn", "getDayOfWeek", "getDayOfMonth",
+                      "getDayOfYear", "getFullYear", "getMonth", "getDate", "getHours", "getMinutes", "getSeconds",
+                      "getMilliseconds"})
+FUNCTIONS = BUILTINS | runaware.FUNCTIONS
+_NO_ARGUMENT = re.compile(rf"(?<![.\w])({'|'.join(runaware.NEEDS_ARGUMENT)})\s*\(\s*\)")
+_WINDOW = re.compile(r"\bwindow\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)")
+_READS_CALLS = re.compile(r"\brun\s*\.\s*calls\b")
+_LITERAL = re.compile(r"\"([^\"]*)\"|'([^']*)'")
+_READS_INPUTS = re.compile(r"\brun\s*\.\s*inputs\b")
 _POSITION = re.compile(r"<input>:(\d+):(\d+): (.*?)(?:\n|$)")
 # The variable a macro binds (`args.items.exists(x, x > 5)`): the compiler lists it with the free names.
 _BINDER = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
@@ -71,7 +84,38 @@ def compile_condition(source: str) -> Any:
     if unknown:
         raise ConditionError(f"unknown name {unknown[0]!r}: a condition reads {', '.join(sorted(VARIABLES))}",
                              *_where(source, unknown[0]))
+    _check_functions(source, program)
     return program
+
+
+def _check_functions(source: str, program: Any) -> None:
+    """Unknown functions, run-aware ones called with nothing, and windows that are not durations:
+    each a 400 now rather than a rule that silently never matches."""
+    named = [f for f in program.functions() if f[:1].isalpha()]
+    unknown = sorted(set(named) - FUNCTIONS)
+    if unknown:
+        raise ConditionError(f"unknown function {unknown[0]!r}: a condition calls "
+                             f"{', '.join(sorted(runaware.FUNCTIONS))} and CEL's own", *_where(source, unknown[0]))
+    empty = _NO_ARGUMENT.search(source)
+    if empty:
+        raise ConditionError(f"{empty.group(1)}() needs a value, e.g. {empty.group(1)}(args.to)",
+                             *_where(source, empty.group(1)))
+    for literal in _WINDOW.findall(source):
+        try:
+            runaware.duration(literal[1:-1])
+        except ValueError as exc:
+            raise ConditionError(str(exc), *_where(source, "window")) from None
+
+
+def reads_of(source: str, program: Any) -> frozenset[str]:
+    """What of the run a condition reads beyond its counters (each costs a query or more)."""
+    functions = set(program.functions())
+    reads = {name for name in ("tainted", "window") if name in functions}
+    if _READS_CALLS.search(source):
+        reads.add("calls")
+    if _READS_INPUTS.search(source):
+        reads.add("inputs")
+    return frozenset(reads)
 
 
 def _where(source: str, name: str) -> tuple[int | None, int | None]:
@@ -268,6 +312,8 @@ class CompiledRule:
     tool: str
     program: Any
     variables: frozenset[str]
+    reads: frozenset[str] = frozenset()
+    source: str = ""
 
     def concerns(self, agent_id: Any, tool_name: str) -> bool:
         return (self.agent_id is None or self.agent_id == agent_id) and (not self.tool or self.tool == tool_name)
@@ -284,6 +330,7 @@ class CompiledRule:
 class RuleSet:
     version: int
     rules: list[CompiledRule] = field(default_factory=list)
+    sees_compensable: bool = False
 
 
 _RULESETS: dict[uuid.UUID, RuleSet] = {}
@@ -296,7 +343,8 @@ def compiled(rule: Rule) -> CompiledRule | None:
         return None  # saved past the API (raw SQL): such a rule matches nothing
     group = GroupRef(rule.reviewer_group_id, rule.reviewer_group.name) if rule.reviewer_group_id else None
     return CompiledRule(rule.id, rule.name, rule.outcome, rule.mode, rule.approvals_required, group,
-                        rule.message, rule.agent_id, rule.tool, program, frozenset(program.variables()))
+                        rule.message, rule.agent_id, rule.tool, program, frozenset(program.variables()),
+                        reads_of(rule.condition, program), rule.condition)
 
 
 def rules_of(org: Organization) -> list[CompiledRule]:
@@ -308,8 +356,46 @@ def rules_of(org: Organization) -> list[CompiledRule]:
         return found.rules
     rows = Rule.objects.filter(org_id=org.id).select_related("reviewer_group").in_order()
     rules = [c for c in map(compiled, rows) if c is not None]
-    _RULESETS[org.id] = RuleSet(org.config_version, rules)
+    compensable = _compensable_names(org.id) if any(_may_hold(r) for r in rules) else set()
+    _RULESETS[org.id] = RuleSet(org.config_version, rules, any(names_compensable(r, compensable) for r in rules))
     return rules
+
+
+def _may_hold(rule: CompiledRule) -> bool:
+    return rule.mode == Rule.Mode.ENFORCE and rule.outcome in (Rule.Outcome.REQUIRE, Rule.Outcome.DENY)
+
+
+def _compensable_names(org_id: Any) -> set[str]:
+    from effects.models import Tier, Tool
+
+    return set(Tool.objects.filter(org_id=org_id, tier=Tier.COMPENSABLE).values_list("name", flat=True))
+
+
+def names_compensable(rule: CompiledRule, compensable: set[str]) -> bool:
+    """An enforcing require or deny rule that names compensable calls: by its `tool`, by a
+    compensable tool's name in its condition, or by the word "compensable" (`tool.tier ==
+    "compensable"`). Such a rule makes the org's compensable calls go through the rules."""
+    if not _may_hold(rule):
+        return False
+    if rule.tool:
+        return rule.tool in compensable
+    literals = {a or b for a, b in _LITERAL.findall(rule.source)}
+    return "compensable" in literals or bool(literals & compensable)
+
+
+def sees_compensable(org: Organization) -> bool:
+    """Whether the org's rules decide its compensable calls too (else they take the fast path)."""
+    rules_of(org)
+    return _RULESETS[org.id].sees_compensable
+
+
+def rules_see_compensable(org_id: Any, tools: dict[str, Any]) -> bool:
+    """The fast path's reading of `sees_compensable`, from the rows (its config cache has the tools
+    and is stamped with the same `config_version` as the rules)."""
+    compensable = {name for name, tool in tools.items() if tool.tier == "compensable"}
+    rows = Rule.objects.filter(org_id=org_id, mode=Rule.Mode.ENFORCE,
+                               outcome__in=[Rule.Outcome.REQUIRE, Rule.Outcome.DENY]).select_related("reviewer_group")
+    return any(names_compensable(c, compensable) for c in map(compiled, rows) if c is not None)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -317,11 +403,12 @@ def rules_of(org: Organization) -> list[CompiledRule]:
 
 @dataclass
 class Verdict:
-    """What the rules say about one call: the deciding rule (None: people decide as usual)
-    and the observe-mode rules that matched before it."""
+    """What the rules say about one call: the deciding rule (None: people decide as usual),
+    the observe-mode rules that matched before it, and why (what `tainted()` found)."""
 
     rule: CompiledRule | None = None
     observed: list[CompiledRule] = field(default_factory=list)
+    why: list[dict[str, Any]] = field(default_factory=list)
 
     def observations(self) -> list[dict[str, Any]]:
         return [{"rule": r.name, "outcome": r.outcome, "approvals_required": r.approvals_required}
@@ -337,46 +424,77 @@ def now_in(org: Organization, moment=None) -> dict[str, Any]:
 
 def tool_of(tool: Any) -> dict[str, Any]:
     return {"name": tool.name, "tier": tool.tier, "risk_tags": list(tool.risk_tags or []),
-            "cost_weight": float(tool.cost_weight), "irreversible": bool(tool.irreversible)}
+            "cost_weight": float(tool.cost_weight), "irreversible": bool(tool.irreversible),
+            "labels": list(tool.labels or [])}
 
 
-def run_of(session: Any) -> dict[str, Any]:
-    """The run's counters as the budget guard left them (this call included)."""
-    return {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
-            "cost": float(session.cost), "step_index": session.step_index,
-            "tool_counts": dict(session.tool_counts or {}), "started_by": session.started_by or "",
-            "metadata": session.metadata or {}}
+def run_of(session: Any, view: runaware.RunView | None = None, reads: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The run's counters as the budget guard left them (this call included), and what of its
+    history some rule reads (`calls`, `inputs`)."""
+    run = {"tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls,
+           "cost": float(session.cost), "step_index": session.step_index,
+           "tool_counts": dict(session.tool_counts or {}), "started_by": session.started_by or "",
+           "metadata": session.metadata or {}}
+    if "inputs" in reads:
+        run["inputs"] = session.inputs
+    if "calls" in reads and view is not None:
+        run["calls"] = view.calls()
+    return run
 
 
-def evaluate(rules: list[CompiledRule], activation: dict[str, Any]) -> Verdict:
+def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
+             view: runaware.RunView | None = None) -> Verdict:
     """Walk the rules in order: observe-mode matches are noted, the first enforcing match decides."""
     verdict = Verdict()
     try:
-        context = cel.Context(activation)
+        context = cel.Context(activation, view.functions() if view is not None else None)
     except Exception:  # args CEL cannot hold (an integer past 64 bits): people decide
         return verdict
     for rule in rules:
+        if view is not None:
+            view.hits = []
         if not rule.matches(context):
             continue
         if rule.mode == Rule.Mode.OBSERVE:
             verdict.observed.append(rule)
             continue
         verdict.rule = rule
+        verdict.why = [{"rule": rule.name, "message": rule.message,
+                        "tainted": _distinct(view.hits if view is not None else [])}]
         break
     return verdict
 
 
-def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[str, Any]) -> Verdict:
+def _distinct(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen, kept = set(), []
+    for hit in hits:
+        key = (hit["arg"], hit["token"])
+        if key not in seen:
+            seen.add(key)
+            kept.append(hit)
+    return kept
+
+
+def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[str, Any],
+           effect: Any = None, step_index: int | None = None) -> Verdict:
     """The verdict for a call on the intercept path (no query: see the module docstring; only a
-    rule that reads `day` costs the day's usage, read from the effect log when it is wanted)."""
+    rule that reads `day`, `run.calls`, `tainted()` or `window()` costs what it reads, when it is wanted)."""
     rules = [r for r in rules_of(org) if r.concerns(agent.id, tool.name)]
     if not rules:
         return Verdict()
     wanted = frozenset().union(*(r.variables for r in rules))
+    reads = frozenset().union(*(r.reads for r in rules))
+    view = None
+    if reads or "run" in wanted:
+        step = step_index if step_index is not None else getattr(effect, "step_index", session.step_index)
+        view = runaware.RunView(session, agent.id, step_index=step, moment=timezone.now(),
+                                exclude=getattr(effect, "pk", None), args=args)
     # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
     builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
-                "run": lambda: run_of(session), "now": lambda: now_in(org), "day": lambda: day_of(org, agent)}
-    return evaluate(rules, {name: build() for name, build in builders.items() if name in wanted})
+                "run": lambda: run_of(session, view, reads), "now": lambda: now_in(org),
+                "day": lambda: day_of(org, agent)}
+    return evaluate(rules, {name: build() for name, build in builders.items() if name in wanted},
+                    view if reads else None)
 
 
 def day_of(org: Organization, agent: Agent) -> dict[str, Any]:

@@ -67,9 +67,9 @@ def _scope(org, data: dict[str, Any]) -> dict[str, Any]:
         tier = Tool.objects.for_org(org).filter(name=name).values_list("tier", flat=True).first() if name else None
         if name and tier is None:
             raise Invalid({"tool": f"No tool named {name!r} is registered."}, f"tool: no tool named {name!r}.")
-        if tier and tier != Tier.IRREVERSIBLE:
-            raise Invalid({"tool": f"{name} is {tier}: rules decide irreversible calls (those that wait for a "
-                                   "person)."}, f"tool: {name} is {tier}; rules decide irreversible calls.")
+        if tier == Tier.SAFE:  # SAFE calls are reported, never intercepted: no rule can see one
+            raise Invalid({"tool": f"{name} is safe: rules decide irreversible and compensable calls."},
+                          f"tool: {name} is safe; rules decide irreversible and compensable calls.")
         scoped["tool"] = name
     return {**data, **scoped}
 

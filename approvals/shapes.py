@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-from approvals.events import AgentContext, ApprovalByDict, RuleObservationDict
+from approvals.events import AgentContext, ApprovalByDict, RuleObservationDict, WhyDict
 from effects.shapes import TransitionDict
 
 
@@ -40,6 +40,7 @@ class ApprovalItemDict(TypedDict):
     quorum: str
     rule: str | None
     rule_observations: list[RuleObservationDict]
+    why: list[WhyDict]
     reviewer_group: str | None
     reasoning: str
     seconds_left: int | None

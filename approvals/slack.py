@@ -36,6 +36,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook import WebhookClient
 
+from approvals.events import why_text
 from approvals.models import ApprovalRequest, SlackConnection, SlackMessage, SlackUserLink
 from core.errors import DomainError
 from orgs.models import Event, Membership
@@ -79,6 +80,9 @@ def message(approval: ApprovalRequest) -> dict[str, Any]:
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
         {"type": "section", "text": {"type": "mrkdwn", "text": f"```{args}```"}},
     ]
+    why = why_text(approval.why)
+    if why:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Why it waits*\n{why[:2900]}"}})
     reasoning = (approval.effect.reasoning or "").strip()
     if reasoning:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": reasoning[:1500]}]})

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.intercept", "bench.undo", "bench.dashboard", "bench.size",
-              "bench.sdk_safe", "bench.gateway", "bench.observability", "bench.soak"]
+              "bench.sdk_safe", "bench.agentdojo", "bench.gateway", "bench.observability", "bench.soak"]
 
 
 def main() -> int:

@@ -138,8 +138,20 @@ class AnnotationsSerializer(StrictSerializer):
     openWorldHint = serializers.BooleanField(required=False)  # noqa: N815
 
 
+class LabelsField(serializers.ListField):
+    """At most 16 free strings of at most 40 characters (`tool.labels` in conditions)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=StringField(max_length=40), max_length=16, required=False, default=list, **kwargs)
+
+
 class ToolSerializer(StrictSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9_.:/-]{1,200}$")
+    labels = LabelsField(help_text='Free strings conditions read as tool.labels, e.g. ["untrusted", "external"]; '
+                                   '"untrusted": its output is text others wrote.')
+    untrusted_fields = serializers.ListField(
+        child=StringField(max_length=200), max_length=100, required=False, default=list,
+        help_text="Keys of the output others wrote, wherever they occur; empty: all of an untrusted tool's output.")
     tier = serializers.ChoiceField(choices=Tier.choices)
     description = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
     cost_weight = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, default=1,
@@ -189,7 +201,7 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(tool.id), "name": tool.name, "tier": tool.tier, "description": tool.description,
         "cost_weight": float(tool.cost_weight), "irreversible": tool.irreversible,
-        "annotations": tool.annotations,
+        "annotations": tool.annotations, "labels": tool.labels, "untrusted_fields": tool.untrusted_fields,
     }
     if tool.tier == Tier.COMPENSABLE and tool.compensation_fn:
         body["compensation"] = {"fn_name": tool.compensation_fn.fn_name,
@@ -214,6 +226,8 @@ def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -
         "tier": spec["tier"], "description": spec["description"], "cost_weight": spec["cost_weight"],
         "irreversible": spec["tier"] == Tier.IRREVERSIBLE if irreversible is None else irreversible,
         "annotations": spec.get("annotations") or {},
+        "labels": list(dict.fromkeys(spec.get("labels") or [])),
+        "untrusted_fields": list(dict.fromkeys(spec.get("untrusted_fields") or [])),
         "compensation_fn": fns.get((compensation.get("fn_name"), compensation.get("fn_version"))),
         "compensation_args": compensation.get("args", {}),
         "max_retries": compensation.get("max_retries", 3),

@@ -160,6 +160,13 @@ class Tool(models.Model):
     cost_weight = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("1"))
     irreversible = models.BooleanField(help_text="Counts toward the irreversible caps.")
     annotations = models.JSONField(default=dict, blank=True, help_text="MCP hints: readOnlyHint, …")
+    # Run-aware policy (approvals/rules.py): free strings conditions read as `tool.labels`; a tool
+    # labelled "untrusted" returns text others wrote, so its output taints (effects/outputs.py).
+    labels = models.JSONField(default=list, blank=True, help_text='e.g. ["untrusted", "external", "private"]')
+    untrusted_fields = models.JSONField(
+        default=list, blank=True,
+        help_text="Keys of the output others wrote (wherever they occur); empty: the whole output of an "
+                  "untrusted tool is untrusted.")
     # Compensable tools
     compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
                                         on_delete=models.RESTRICT, related_name="tools")
@@ -232,6 +239,8 @@ class Session(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions", db_index=False)
     state = models.CharField(max_length=24, choices=State.choices, default=State.RUNNING)
     metadata = models.JSONField(default=dict, blank=True)
+    # What the user asked (the request the agent was given): trusted, its values vouch, `run.inputs`.
+    inputs = models.JSONField(null=True, blank=True)
     started_by = models.CharField(max_length=200, blank=True,
                                   help_text="The person who started the run (username or email); they cannot "
                                             "approve its calls.")
@@ -407,6 +416,28 @@ class SafeCall(models.Model):
         indexes = [models.Index(fields=["session", "step_index"], name="safe_call_step")]
 
 
+class RunFingerprint(models.Model):
+    """What `tainted()` needs of one output of a run: keyed fingerprints of its tokens and whole
+    values, never the text (effects/outputs.py). `tainted` came from text others wrote, `vouched`
+    from trusted text (the run's inputs, a read not labelled untrusted). Deleted with its run."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="fingerprints", editable=False,
+                                db_index=False)
+    step_index = models.PositiveIntegerField(editable=False)
+    tool_name = models.CharField(max_length=200, editable=False)
+    tainted = models.JSONField(default=list, editable=False)
+    vouched = models.JSONField(default=list, editable=False)
+    size = models.PositiveIntegerField(default=0, editable=False)  # len(tainted) + len(vouched): the run's bound
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["step_index", "id"]
+        indexes = [models.Index(fields=["session", "step_index"], name="run_fingerprint_step")]
+
+    def __str__(self) -> str:
+        return f"fingerprints of {self.tool_name}#{self.step_index}"
+
+
 class EffectQuerySet(models.QuerySet):
     def for_org(self, org: Organization) -> EffectQuerySet:
         return self.filter(org=org)
@@ -533,6 +564,12 @@ class Effect(models.Model):
                       result=result)
             if self.undo_needs_result:
                 UndoEntry.objects.get(effect_id=self.pk).render(self)
+            tool = self.tool if Effect.tool.is_cached(self) else None
+            if tool is not None and "untrusted" in (tool.labels or []):
+                from effects import outputs  # a committed result is an output too: its fingerprints
+
+                outputs.record(self.session_id, self.step_index, self.tool_name, result, labels=tool.labels,
+                               untrusted_fields=tool.untrusted_fields)
 
     def fail(self, error: str, actor: str) -> None:
         self.move({self.State.EXECUTING, self.State.APPROVED}, self.State.FAILED, actor=actor,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
+from django.db import transaction
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
@@ -19,8 +21,8 @@ from budgets.bodies import budget_body
 from core.errors import DomainError, Invalid, NotFound
 from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
-from effects import longpoll, shapes
-from effects.models import Effect, Session, Tier, UndoEntry
+from effects import longpoll, outputs, shapes
+from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
 from lifecycle import claims
 from lifecycle import intercept as pipeline
 from lifecycle import shapes as run_shapes
@@ -36,10 +38,18 @@ class SessionCreateSerializer(StrictSerializer):
     # Optional: a key belongs to exactly one agent, so the key says which. When given, it must match.
     agent = StringField(max_length=100, required=False)
     metadata = serializers.DictField(required=False, default=dict)
+    inputs = serializers.JSONField(required=False, default=None,
+                                   help_text="What the user asked (any JSON): trusted; conditions read run.inputs.")
     # The person who started this run (their username or email): they cannot approve its calls.
     started_by = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     # What the idle sweep makes of the run once it goes quiet: fail (roll back, the default) or complete.
     on_idle = serializers.ChoiceField(choices=Session.OnIdle.choices, required=False, default=Session.OnIdle.FAIL)
+
+    def validate_inputs(self, value: Any) -> Any:
+        if value is not None and len(canonical_json(value).encode()) > settings.UNDOLOG_MAX_OUTPUT_BYTES:
+            limit = settings.UNDOLOG_MAX_OUTPUT_BYTES // 1024
+            raise serializers.ValidationError(f"Must be at most {limit} KiB of JSON.")
+        return value
 
 
 class FailSerializer(StrictSerializer):
@@ -58,7 +68,8 @@ class SafeCallsSerializer(StrictSerializer):
 def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(session.id), "agent": session.agent.name, "state": session.state,
-        "step_index": session.step_index, "metadata": session.metadata, "error": session.error or None,
+        "step_index": session.step_index, "metadata": session.metadata, "inputs": session.inputs,
+        "error": session.error or None,
         "started_by": session.started_by or None, "on_idle": session.on_idle,
         "created": session.created.isoformat(), "updated": session.updated.isoformat(),
         "ended_at": session.ended_at.isoformat() if session.ended_at else None,
@@ -82,6 +93,7 @@ class SafeCallSerializer(StrictSerializer):
     tool = StringField(max_length=200)
     step_index = serializers.IntegerField(min_value=0)
     args = serializers.DictField(required=False)
+    output = serializers.JSONField(required=False, help_text="The tool's return value (kept as fingerprints only).")
 
 
 class InterceptSerializer(StrictSerializer):
@@ -127,8 +139,11 @@ class SessionViewSet(OrgScopedViewSet):
             raise DomainError(f"The agent {agent.name} is {agent.state}; a reviewer must resume it.",
                               code="agent_suspended", status_code=423,
                               reason=agent.suspend_reason or agent.state, state=agent.state)
-        session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
-                                         started_by=data["started_by"].strip(), on_idle=data["on_idle"])
+        with transaction.atomic():
+            session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
+                                             inputs=data["inputs"], started_by=data["started_by"].strip(),
+                                             on_idle=data["on_idle"])
+            outputs.record(session.id, 0, "inputs", data["inputs"], inputs=True)  # trusted: its values vouch
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],
@@ -240,7 +255,7 @@ class EffectFailSerializer(StrictSerializer):
 
 
 class EffectViewSet(OrgScopedViewSet):
-    queryset = Effect.objects.all()
+    queryset = Effect.objects.select_related("tool")  # commit reads its labels (effects/outputs.py)
     not_found = ("effect_not_found", "No such effect.")
 
     def scope(self, queryset, caller):

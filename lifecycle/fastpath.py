@@ -41,6 +41,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from approvals.rules import rules_see_compensable
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
 from core import ratelimit
@@ -84,6 +85,8 @@ class OrgConfig:
     rate_limit_per_key: int | None = None  # the org's own API rate limits (core/ratelimit.py)
     rate_limit_per_org: int | None = None
     rate_limits: dict[str, list[ratelimit.Limit]] = field(default_factory=dict)  # by key prefix
+    # An enforcing rule of the org may hold or refuse compensable calls: they all take the pipeline.
+    rules_see_compensable: bool = False
 
     @classmethod
     def of(cls, org_id: uuid.UUID) -> OrgConfig | None:
@@ -94,7 +97,8 @@ class OrgConfig:
             if found is None:
                 return None
             tools = {tool.name: tool for tool in Tool.objects.filter(org_id=org_id).select_related("compensation_fn")}
-            config = _CONFIGS[org_id] = cls(found[0], tools, rate_limit_per_key=found[1], rate_limit_per_org=found[2])
+            config = _CONFIGS[org_id] = cls(found[0], tools, rate_limit_per_key=found[1], rate_limit_per_org=found[2],
+                                            rules_see_compensable=rules_see_compensable(org_id, tools))
         return config
 
     def rate_limited(self, request, key: RememberedKey) -> HttpResponse | None:
@@ -388,6 +392,8 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     tool = config.tools.get(call.tool) if config else None
     if tool is None or tool.tier != Tier.COMPENSABLE or tool.compensation_fn is None:
         return None
+    if config.rules_see_compensable or any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):
+        return None  # the org's rules decide compensable calls, or an output must be fingerprinted
     limits = config.limits_for(key.org_id, key.agent_id)
     caps = _run_caps(limits, tool)
     if caps is None:
@@ -457,6 +463,7 @@ WITH old AS (
     JOIN orgs_agentkey k ON k.agent_id = s.agent_id
     WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state IN ('executing', 'approved')
       AND NOT e.undo_needs_result
+      AND NOT EXISTS (SELECT 1 FROM effects_tool t WHERE t.id = e.tool_id AND t.labels @> '["untrusted"]'::jsonb)
       AND k.id = %(key)s AND {_live('k')}
     FOR UPDATE OF e
 ), e AS (

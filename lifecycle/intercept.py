@@ -13,6 +13,7 @@ from approvals.models import RULE_PREFIX, ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
 from core.errors import Conflict, DomainError, Invalid, NotFound
+from effects import outputs
 from effects.models import (
     Effect,
     SafeCall,
@@ -28,7 +29,8 @@ from effects.models import (
 from orgs.models import Agent, Event, Organization
 
 ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
-SAFE_CALL_FIELDS = {"tool", "step_index", "args"}
+SAFE_CALL_FIELDS = {"tool", "step_index", "args", "output"}
+NO_OUTPUT = object()  # a SAFE call reported without its output (an output may be null)
 MAX_SAFE_CALLS = 1000
 MAX_REASONING = 20_000
 
@@ -38,6 +40,7 @@ class ReportedSafeCall:
     tool: str
     step_index: int
     args: dict
+    output: Any = NO_OUTPUT  # the tool's return value: only its fingerprints are kept (effects/outputs.py)
 
 
 @dataclass
@@ -88,8 +91,12 @@ def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
                                           "step_index a non-negative integer.")
         elif not isinstance(item.get("args", {}), dict):
             errors[f"safe_calls[{n}]"] = "args must be an object."
+        elif "output" in item and len(canonical_json(item["output"]).encode()) > settings.UNDOLOG_MAX_OUTPUT_BYTES:
+            limit = settings.UNDOLOG_MAX_OUTPUT_BYTES // 1024
+            errors[f"safe_calls[{n}].output"] = f"Must be at most {limit} KiB of JSON."
         else:
-            calls.append(ReportedSafeCall(item["tool"], item["step_index"], item.get("args", {})))
+            calls.append(ReportedSafeCall(item["tool"], item["step_index"], item.get("args", {}),
+                                          item.get("output", NO_OUTPUT)))
     return calls
 
 
@@ -200,15 +207,35 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     if refusal is not None:
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
         return Answer(429, refusal)
-    effect = _insert_effect(session, tool, call, signature)
+    held = _compensable_verdict(agent, session, tool, call) if tool.tier == Tier.COMPENSABLE else None
+    effect = _insert_effect(session, tool, call, signature, held=held is not None)
     if tool.tier == Tier.COMPENSABLE:
         entry = _push_undo(session, tool, effect)
+        if held is not None:
+            return _ask(agent, session, tool, call, effect, held)
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
         return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
     return _ask(agent, session, tool, call, effect)
 
 
-def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect) -> Answer:
+def _compensable_verdict(agent: Agent, session: Session, tool: Tool, call: Call) -> rules.Verdict | None:
+    """The verdict of an org whose rules may hold or refuse compensable calls, when a require or
+    deny rule decides this one: its effect is then `pending` like an irreversible one's, with its
+    undo entry on the stack (approved, it runs and is undone on rollback like any other; never
+    run, the walk skips it). None: it executes at once, as in every org without such a rule."""
+    if not rules.sees_compensable(agent.org):
+        return None
+    verdict = rules.decide(agent.org, agent, session, tool, call.args, step_index=call.step_index)
+    for observed in verdict.observed:
+        Event.record(agent.org, "rule.observed", agent=agent, session_id=session.pk, rule=observed.name,
+                     outcome=observed.outcome, tool=tool.name, applied=False)
+    if verdict.rule is None or verdict.rule.outcome == rules.Rule.Outcome.APPROVE:
+        return None
+    return verdict
+
+
+def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
+         verdict: rules.Verdict | None = None) -> Answer:
     """An irreversible call that passed the budget.
 
     1. The org's rules (cached, no query): the first enforcing match decides; observe-mode
@@ -224,9 +251,10 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
        "rule:<name>"`), and the session keeps running; reviewers are not asked. Else the session
        is `awaiting_approval`.
     """
-    verdict = rules.decide(agent.org, agent, session, tool, call.args)
+    held = verdict is not None  # a compensable call a rule holds: its observations are recorded already
+    verdict = verdict or rules.decide(agent.org, agent, session, tool, call.args, effect)
     rule = verdict.rule
-    for observed in verdict.observed:
+    for observed in [] if held else verdict.observed:
         Event.record(agent.org, "rule.observed", agent=agent, session_id=session.pk, rule=observed.name,
                      outcome=observed.outcome, tool=tool.name, effect=str(effect.id), applied=False)
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
@@ -236,7 +264,8 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect)
     group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
                                         approvals_required=required, rule=rule.name if rule else "",
-                                        reviewer_group=group, observations=verdict.observations())
+                                        reviewer_group=group, observations=verdict.observations(),
+                                        why=verdict.why if rule is not None and rule.outcome != "approve" else [])
     # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
     # stands in for a quorum of several people or for the reviewer group a rule names.
     if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
@@ -327,6 +356,10 @@ def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools
         SafeCall(session=session, tool_name=c.tool, step_index=c.step_index, args=c.args) for c in fresh.values())
     for safe in fresh.values():
         guard.charge_safe_call(session, tools.get(safe.tool), safe.tool)
+        if safe.output is not NO_OUTPUT:
+            tool = tools.get(safe.tool)
+            outputs.record(session.id, safe.step_index, safe.tool, safe.output,
+                           labels=tool.labels if tool else (), untrusted_fields=tool.untrusted_fields if tool else ())
     session.step_index = max(session.step_index, *fresh)
 
 
@@ -375,8 +408,10 @@ def _tool_for(call: Call, tools: dict[str, Tool]) -> Tool:
     return tool
 
 
-def _insert_effect(session: Session, tool: Tool, call: Call, signature: str) -> Effect:
+def _insert_effect(session: Session, tool: Tool, call: Call, signature: str, *, held: bool = False) -> Effect:
     effect = new_effect(session.org_id, session.id, tool, call, signature)
+    if held:  # a compensable call a rule holds or refuses: it waits like an irreversible one
+        effect.state = Effect.State.PENDING
     effect.save(force_insert=True)
     effect.announce(None, effect.state)  # after commit, off this thread: no query, no wait
     return effect

@@ -282,6 +282,10 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Agents send args up to 256 KiB (checked per call); the body limit leaves room for the rest.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 UNDOLOG_MAX_ARGS_BYTES = 256 * 1024
+# Run-aware policy (effects/outputs.py): a reported SAFE output (or a run's inputs) up to 256 KiB of
+# JSON; fingerprints kept per run up to this many (past it tainted() fails closed).
+UNDOLOG_MAX_OUTPUT_BYTES = 256 * 1024
+UNDOLOG_RUN_FINGERPRINTS = 50_000
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

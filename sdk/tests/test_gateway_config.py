@@ -200,3 +200,13 @@ def test_a_public_address_needs_client_tokens_and_loopback_does_not():
         with pytest.raises(InsecureBind, match=r"Add a \[clients\.<name>\] table"):
             check_bind(host, ())
     check_bind("0.0.0.0", (ClientConfig("ana", "a" * 20),))
+
+
+def test_a_tool_table_sets_labels_and_untrusted_fields_for_run_aware_rules():
+    config = parse_config(with_tool(labels=["untrusted", "private"], untrusted_fields=["body"]))
+    spec, _ = tier_tool(config.servers[0], Tool("create_issue", readOnlyHint=True), "create_issue")
+
+    assert spec.labels == ("untrusted", "private")
+    assert spec.untrusted_fields == ("body",)
+    with pytest.raises(ConfigError, match="labels must be a list of strings"):
+        parse_config(with_tool(labels="untrusted"))

@@ -66,7 +66,8 @@ def test_an_irreversible_import_takes_its_reason_from_the_description() -> None:
         "description": "Permanently delete an account.\nMore.",
         "approval": {"reason": "Permanently delete an account.",
                      "risk_tags": ["mcp", "destructive", "open-world"], "estimated_impact": ""},
-        "annotations": {"destructiveHint": True}}
+        "annotations": {"destructiveHint": True},
+        "labels": ["external"]}  # open world by MCP's default: it reaches outside
     assert found.why == "destructive"
     nameless, _ = spec_for({"name": "zap"})
     assert nameless.approval.reason.startswith("MCP tool zap")

@@ -64,6 +64,20 @@
     var group = row.querySelector(".group");
     group.hidden = !item.reviewer_group;
     group.textContent = item.reviewer_group ? "needs " + item.reviewer_group : "";
+    var why = row.querySelector(".why");
+    var text = whyText(item.why || []);
+    why.hidden = !text;
+    why.textContent = text;
+  }
+
+  // The same line as the server's (approvals/events.py why_text): which argument came from which call.
+  function whyText(why) {
+    return why.map(function (w) {
+      var found = (w.tainted || []).map(function (t) {
+        return t.arg + " came from " + t.from_tool + " at step " + t.from_step;
+      }).join("; ");
+      return "rule " + w.rule + ": " + (found || w.message || "matched");
+    }).join(" · ");
   }
 
   function build(item) {

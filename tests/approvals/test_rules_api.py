@@ -92,7 +92,7 @@ def test_a_patch_with_a_bad_condition_changes_nothing(acme):
     ({**SMALL, "approvals_required": 11}, "approvals_required"),
     ({**SMALL, "agent": "nobody"}, "agent"),
     ({**SMALL, "tool": "no_such_tool"}, "tool"),
-    ({**SMALL, "tool": "send_email"}, "tool"),  # compensable: rules decide calls that wait for people
+    ({**SMALL, "tool": "list_inactive_accounts"}, "tool"),  # SAFE: reported, never intercepted
     ({**SMALL, "condition": 7}, "condition"),
     ({**SMALL, "colour": "red"}, "colour"),
 ])

@@ -124,6 +124,8 @@ def undolog_tool(
     description: str | None = None,
     executor: Mapping[str, Any] | None = None,
     idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+    labels: Iterable[str] = (),
+    untrusted_fields: Iterable[str] = (),
 ) -> Any:
     """Declare a tool's tier. Works on sync and async functions, as ``@undolog_tool(...)``
     or ``undolog_tool(fn, tier=...)``.
@@ -145,6 +147,8 @@ def undolog_tool(
                                approval_timeout_s, auto_approve_on_timeout),
             annotations=annotations_dict(annotations),
             executor=executor,
+            labels=tuple(labels),
+            untrusted_fields=tuple(untrusted_fields),
         )
         tool = DeclaredTool(spec, func, idempotency_key)
         _check_templates(tool)

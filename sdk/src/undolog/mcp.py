@@ -123,8 +123,20 @@ def spec_for(tool: Any, trusted: bool = False, also: Iterable[str] = (),
         compensation=compensation if found.tier is ToolTier.COMPENSABLE else None,
         approval=approval,
         annotations=declared_hints(tool),
+        labels=suggested_labels(found, trusted),
     )
     return spec, found
+
+
+def suggested_labels(found: Classification, trusted: bool) -> tuple[str, ...]:
+    """Labels for run-aware rules: an open-world tool reaches outside (`external`); a read of a
+    server you do not trust returns text others wrote (`untrusted`, so its output is reported)."""
+    labels = []
+    if found.hints["openWorldHint"]:
+        labels.append("external")
+    if found.hints["readOnlyHint"] and not trusted:
+        labels.append("untrusted")
+    return tuple(labels)
 
 
 def _reason(tool: Any) -> str:

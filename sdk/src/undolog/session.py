@@ -63,6 +63,8 @@ _UNDONE = frozenset({"compensating", "compensated", "compensation_failed"})
 _COMPENSATION_OVER = frozenset({"compensated", "compensation_failed"})
 _NOTHING_TO_UNDO = frozenset({"completed", "halted"})
 MAX_SAFE_REPORT = 1000  # the server's limit on safe_calls per request
+_NO_OUTPUT = object()
+_JSON = (str, int, float, bool, type(None), list, dict)
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class Session:
 
     def __init__(self, http: Http, *, agent: str | None = None,
                  metadata: Mapping[str, Any] | None = None, session_id: str | None = None,
-                 started_by: str | None = None, approval_timeout: float | None = None,
+                 started_by: str | None = None, inputs: Any = None,
+                 approval_timeout: float | None = None,
                  poll_wait: float = 30.0,
                  on_wait: Callable[[WaitInfo], None] | None = None) -> None:
         # No agent: the server takes the key's own agent (a key belongs to exactly one).
@@ -92,6 +95,8 @@ class Session:
         self.id: str | None = session_id
         self.agent = agent
         self.metadata = dict(metadata or {})
+        # What the user asked (trusted: its values vouch in tainted(); rules read run.inputs).
+        self.inputs = inputs
         # Who started this run (username or email): the server won't let them approve it.
         self.started_by = started_by
         self.state: str | None = None
@@ -135,6 +140,8 @@ class Session:
             body["agent"] = self.agent
         if self.started_by:
             body["started_by"] = self.started_by
+        if self.inputs is not None:
+            body["inputs"] = self.inputs
         return Call("POST", "/api/v1/sessions", body)
 
     def _open(self, answer: Mapping[str, Any]) -> None:
@@ -257,6 +264,11 @@ class Session:
 
     def call(self, tool: DeclaredTool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if tool.safe:
+            if tool.spec.reports_output:
+                bound = tool.bind(args, kwargs)
+                result = tool.fn(*args, **kwargs)
+                self._record_safe(tool.spec.name, bound, result)
+                return result
             self._record_safe(tool.spec.name, tool.bind(args, kwargs))
             return tool.fn(*args, **kwargs)
         _warn_if_blocking_loop(tool)
@@ -266,15 +278,24 @@ class Session:
 
     async def acall(self, tool: DeclaredTool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if tool.safe:
-            self._record_safe(tool.spec.name, tool.bind(args, kwargs))
+            bound = tool.bind(args, kwargs)
+            if tool.spec.reports_output:
+                result = await tool.fn(*args, **kwargs)
+                self._record_safe(tool.spec.name, bound, result)
+                return result
+            self._record_safe(tool.spec.name, bound)
             return await tool.fn(*args, **kwargs)
         flow = self._effect_flow(tool, tool.bind(args, kwargs))
         return await self._adrive(flow, lambda edited=None: tool.fn(**edited)
                                   if edited is not None else tool.fn(*args, **kwargs))
 
-    def _record_safe(self, name: str, args: dict[str, Any]) -> None:
+    def _record_safe(self, name: str, args: dict[str, Any], output: Any = _NO_OUTPUT) -> None:
         # next() on itertools.count and deque.append are atomic: no lock on the hot path.
-        self._safe.append({"tool": name, "step_index": next(self._steps), "args": args})
+        call = {"tool": name, "step_index": next(self._steps), "args": args}
+        if output is not _NO_OUTPUT:
+            # The server keeps its fingerprints for tainted() (run-aware rules), never the text.
+            call["output"] = output if isinstance(output, _JSON) else str(output)
+        self._safe.append(call)
 
     def _drain_safe(self) -> list[dict[str, Any]]:
         # At most what the server takes in one request; the rest rides on the next one.

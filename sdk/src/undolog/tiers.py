@@ -147,9 +147,24 @@ class ToolSpec:
     approval: ApprovalSpec | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
     executor: Mapping[str, Any] | None = None
+    # Run-aware policy: free strings rules read as tool.labels; "untrusted": what it returns is text
+    # others wrote, so a SAFE call reports its output (the server keeps fingerprints, not the text).
+    labels: tuple[str, ...] = ()
+    untrusted_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_tier_fields(self)
+        # Frozen: lists given by the caller are kept as tuples.
+        object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "untrusted_fields", tuple(self.untrusted_fields))
+        if len(self.labels) > 16 or any(not isinstance(x, str) or not 0 < len(x) <= 40
+                                        for x in self.labels):
+            raise ValueError(f"{self.name}: labels are at most 16 strings of 1 to 40 characters")
+
+    @property
+    def reports_output(self) -> bool:
+        """A SAFE read of text others wrote sends its output with the next request."""
+        return self.tier is ToolTier.SAFE and "untrusted" in self.labels
 
     @property
     def counts_as_irreversible(self) -> bool:
@@ -171,6 +186,10 @@ class ToolSpec:
             body["annotations"] = dict(self.annotations)
         if self.executor:
             body["executor"] = dict(self.executor)
+        if self.labels:
+            body["labels"] = list(self.labels)
+        if self.untrusted_fields:
+            body["untrusted_fields"] = list(self.untrusted_fields)
         return body
 
 

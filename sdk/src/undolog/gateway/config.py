@@ -64,7 +64,8 @@ SERVER_KEYS = {
     "safe_cost_weight",
     "tools",
 }
-TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description"}
+TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description", "labels",
+             "untrusted_fields"}
 UNDOLOG_KEYS = {
     "url",
     "api_key",
@@ -121,6 +122,8 @@ class ToolOverride:
     approval: ApprovalSpec | None = None
     compensation: Compensation | None = None
     description: str | None = None
+    labels: tuple[str, ...] | None = None  # tool.labels; given, it replaces the suggested ones
+    untrusted_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,18 @@ def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
         approval=approval,
         compensation=compensation,
         description=body.get("description"),
+        labels=_strings(where, body, "labels"),
+        untrusted_fields=_strings(where, body, "untrusted_fields") or (),
     )
+
+
+def _strings(where: str, body: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    if key not in body:
+        return None
+    value = body[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of strings")
+    return tuple(value)
 
 
 def _compensation(where: str, body: Mapping[str, Any]) -> Compensation:

@@ -765,6 +765,8 @@ def tier_tool(server: ServerConfig, tool: Any, exposed: str) -> tuple[ToolSpec, 
             if override.cost_weight is not None
             else spec.cost_weight,
             description=override.description or spec.description,
+            labels=override.labels if override.labels is not None else spec.labels,
+            untrusted_fields=override.untrusted_fields or spec.untrusted_fields,
         )
         if override.tier:
             why = f"tier set in the gateway's config ({tier.value})"

@@ -1,0 +1,148 @@
+"""Run-aware conditions: what a rule may read of the run beyond the call itself (DESIGN.md, Tranche 3).
+
+- `run.calls`: the run's earlier calls, `{tool, tier, labels, step_index, state}`, oldest first
+  (SAFE ones as `reported`); `run.inputs`: what the user asked (`POST /sessions {"inputs"}`).
+- `tainted(value)`: a string in `value` carries a token (or is a whole value) that appeared in
+  untrusted output earlier in the run and was not vouched for first (effects/outputs.py). Every
+  hit is kept for the approval's `why`: which argument, which token, from which step and tool.
+- `window("24h").count(tool)` / `.sum(tool, "arg")`: the agent's approved or committed calls of
+  `tool` in the last duration (`90s`, `30m`, `24h`, `7d`), this call excluded.
+- Helpers over text: `emails(text)`, `urls(text)`, `hosts(text)` (lists, lowercased), `lower(text)`,
+  `domain(email_or_url)`.
+
+Each is computed only when a rule of the org reads it, and at most once per call: a rule set
+that reads none of them costs the intercept nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from effects import outputs
+from effects.models import Effect, SafeCall, Tier, Tool
+
+FUNCTIONS = frozenset({"tainted", "window", "count", "sum", "emails", "urls", "hosts", "lower", "domain"})
+# A free call of these with nothing to work on is a mistake the compiler cannot see (`tainted()`).
+NEEDS_ARGUMENT = ("tainted", "window", "emails", "urls", "hosts", "lower", "domain")
+_DURATION = re.compile(r"^\s*(\d{1,6})\s*(s|m|h|d)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW = timedelta(days=90)
+COUNTED = (Effect.State.APPROVED, Effect.State.EXECUTING, Effect.State.COMMITTED)
+
+
+def duration(text: Any) -> timedelta:
+    """`"24h"` → 24 hours; ValueError for anything else (or longer than 90 days)."""
+    found = _DURATION.match(text) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"a window is a duration like \"30m\", \"24h\" or \"7d\", not {text!r}")
+    span = timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
+    if span > MAX_WINDOW:
+        raise ValueError("a window is at most 90 days")
+    return span
+
+
+def emails(text: Any) -> list[str]:
+    return list(dict.fromkeys(outputs._EMAIL.findall(str(text).lower())))
+
+
+def urls(text: Any) -> list[str]:
+    return list(dict.fromkeys(u.rstrip(outputs._TRAILING) for u in outputs._URL.findall(str(text).lower())))
+
+
+def hosts(text: Any) -> list[str]:
+    lowered = str(text).lower()
+    found = [e.rsplit("@", 1)[1] for e in outputs._EMAIL.findall(lowered)]
+    found += [re.sub(r"^https?://", "", u).split("/", 1)[0].split(":", 1)[0] for u in urls(lowered)]
+    found += [m.group(0) for m in outputs._HOST.finditer(lowered)]
+    return list(dict.fromkeys(h.removeprefix("www.") for h in found))
+
+
+def domain(text: Any) -> str:
+    found = hosts(text)
+    return found[0] if found else ""
+
+
+class RunView:
+    """The run as one call's conditions see it: built lazily, each part at most once.
+
+    `before_step` bounds what counts as "earlier" (the intercept: this call's step; the trial:
+    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect."""
+
+    def __init__(self, session: Any, agent_id: Any, *, step_index: int, moment: datetime,
+                 exclude: Any = None, args: dict[str, Any] | None = None) -> None:
+        self.session, self.agent_id, self.step_index = session, agent_id, step_index
+        self.args, self._arg_of = args, None
+        self.moment, self.exclude = moment, exclude
+        self._taint: outputs.RunTaint | None = None
+        self._windows: dict[tuple, Any] = {}
+        self.hits: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------ variables
+
+    def calls(self) -> list[dict[str, Any]]:
+        effects = Effect.objects.filter(session_id=self.session.pk, step_index__lt=self.step_index)
+        if self.exclude is not None:
+            effects = effects.exclude(pk=self.exclude)
+        rows = [(e.step_index, e.tool_name, e.tier, e.state) for e in
+                effects.only("step_index", "tool_name", "tier", "state")]
+        rows += [(s.step_index, s.tool_name, Tier.SAFE, "reported") for s in
+                 SafeCall.objects.filter(session_id=self.session.pk, step_index__lt=self.step_index)
+                 .only("step_index", "tool_name")]
+        names = {name for _, name, _, _ in rows}
+        labels = dict(Tool.objects.filter(org_id=self.session.org_id, name__in=names).values_list("name", "labels"))
+        return [{"tool": name, "tier": tier, "labels": list(labels.get(name) or []), "step_index": step,
+                 "state": state} for step, name, tier, state in sorted(rows, key=lambda r: r[0])]
+
+    # ------------------------------------------------------------ functions
+
+    def functions(self) -> dict[str, Any]:
+        return {"tainted": self.tainted, "window": self.window, "count": self.count, "sum": self.sum,
+                "emails": emails, "urls": urls, "hosts": hosts, "lower": lambda t: str(t).lower(),
+                "domain": domain}
+
+    def taint(self) -> outputs.RunTaint:
+        if self._taint is None:
+            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index)
+        return self._taint
+
+    def tainted(self, value: Any) -> bool:
+        found = self.taint().hits(value)
+        if found and self.args is not None:
+            # CEL hands over the value, not where it sits: name the argument that carries the token.
+            if self._arg_of is None:
+                self._arg_of = {}
+                for hit in self.taint().hits(self.args):
+                    self._arg_of.setdefault(hit["token"], hit["arg"])
+            found = [{**hit, "arg": self._arg_of.get(hit["token"], hit["arg"])} for hit in found]
+        self.hits.extend(found)
+        return bool(found)
+
+    def window(self, span: Any) -> dict[str, Any]:
+        return {"window_s": int(duration(span).total_seconds())}
+
+    def count(self, window: Any, tool: Any) -> int:
+        return len(self._calls_in(window, tool))
+
+    def sum(self, window: Any, tool: Any, arg: Any) -> int | float:
+        """An int while every amount is one (CEL adds no int to a double: `+ args.amount` must
+        meet its own type), else a double."""
+        values = [args.get(arg) for args in self._calls_in(window, tool) if isinstance(args, dict)]
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        total = sum(numbers)
+        return total if all(isinstance(v, int) for v in numbers) else float(total)
+
+    def _calls_in(self, window: Any, tool: Any) -> list[Any]:
+        if not isinstance(window, dict) or "window_s" not in window or not isinstance(tool, str):
+            raise ValueError("count and sum are read off a window: window(\"24h\").count(\"refund\")")
+        key = (window["window_s"], tool)
+        if key not in self._windows:
+            since = self.moment - timedelta(seconds=window["window_s"])
+            rows = Effect.objects.filter(session__agent_id=self.agent_id, tool_name=tool, state__in=COUNTED,
+                                         created__gte=since, created__lte=self.moment)
+            if self.exclude is not None:
+                rows = rows.exclude(pk=self.exclude)
+            self._windows[key] = [approved if approved is not None else args
+                                  for args, approved in rows.values_list("args", "approved_args")]
+        return self._windows[key]

@@ -1,0 +1,58 @@
+"""AgentDojo (v1.2.2 suites, package `agentdojo`), model-free, through the real server: does a
+run-aware policy stop every injected write while leaving benign tasks alone?
+
+This process sets up the bench database, an org with an agent key and an admin's token, and serves
+the API (gunicorn); the replay (bench/agentdojo_replay.py) runs in the bench venv `.venv-agentdojo`
+(`make .venv-agentdojo`: bench/agentdojo-requirements.txt, kept apart so the server's requirements
+stay lean). Per suite (`--suite name=config.toml`, default workspace and slack with the configs in
+bench/agentdojo/) and per configuration (tiers only, approve everything, run-aware) it prints the
+injected writes executed unseen and the benign tasks interrupted. Exit status 1 when the run-aware
+goals (0 unseen, <= 15 % interrupted, on each suite) are not met.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bench.common import BASE_DIR, Server, setup_django
+
+VENV = BASE_DIR / ".venv-agentdojo" / "bin" / "python"
+SUITES = ["workspace", "slack"]
+
+
+def main(argv: list[str]) -> int:
+    if not VENV.exists():
+        print(f"{VENV} is missing: run `make .venv-agentdojo` first", file=sys.stderr)
+        return 2
+    setup_django()
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from orgs.models import Agent, AgentKey, Membership, Organization
+
+    org = Organization.objects.create(slug="agentdojo", name="AgentDojo", rate_limit_per_key=10**9,
+                                      rate_limit_per_org=10**9)
+    agent = Agent.objects.create(org=org, name="agentdojo")
+    _, key = AgentKey.issue(agent)
+    user = get_user_model().objects.create_user("agentdojo-reviewer", password="pw-bench")
+    Membership.objects.create(user=user, org=org, role="admin")
+    token = Token.objects.create(user=user).key
+    suites = [a for a in argv if "=" in a and not a.startswith("-")] or \
+        [f"{name}={BASE_DIR / 'bench' / 'agentdojo' / f'{name}.toml'}" for name in SUITES]
+    rest = [a for a in argv if a not in suites]
+    server = Server("gunicorn (WSGI)", workers=2)
+    started = time.monotonic()
+    try:
+        command = [str(VENV), "-m", "bench.agentdojo_replay", "--base", server.base,
+                   "--key", key, "--token", token, *[f"--suite={s}" for s in suites], *rest]
+        code = subprocess.run(command, cwd=BASE_DIR).returncode
+    finally:
+        server.stop()
+    print(f"({time.monotonic() - started:.0f} s; the machine is shared, so times vary)")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,263 @@
+"""What the server keeps of tool outputs: fingerprints, never the text (DESIGN.md, Tranche 3).
+
+A reported SAFE call may carry its `output`, and a committed result is an output too. Of an
+output the policy needs only what `tainted(value)` asks: did this string appear, earlier in the
+run, in text others wrote (a tool labelled `untrusted`), before trusted text vouched for it? So
+each output is cut into **tokens** (email addresses, URLs and their hosts, IBAN- or id-like runs
+of >= 8 letters and digits, numbers of >= 6 digits) and **whole values** (a string of >= 4
+characters, case and runs of whitespace ignored), and only a keyed 63-bit hash of each is kept
+(`RunFingerprint`), in the request that brought the output. The raw output is gone with it.
+
+Untrusted text: the whole output of a tool labelled `untrusted`, or, when the tool names
+`untrusted_fields`, the values under those keys (wherever they occur); and, in any output but the
+run's inputs, a string of more than 200 characters or several lines (prose someone wrote, where a
+value was due).
+Trusted text, which vouches: the run's `inputs` (its tokens, whole values, and every phrase of up
+to four words: "post to the 'general' channel" vouches for `general`), a read not labelled
+`untrusted`, the other fields of one that names `untrusted_fields`. A token vouched for before it
+appears in untrusted text never taints.
+
+Bounded per run (`UNDOLOG_RUN_FINGERPRINTS`): past the bound new tokens are not kept and the run
+is marked full, and `tainted()` then holds every string of the run (it fails closed: a person
+decides, nothing injected slips through because the server forgot).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Sum
+
+from effects.models import RunFingerprint
+
+UNTRUSTED = "untrusted"
+FULL = "__full__"  # the tool name of the marker row of a run past its bound
+MIN_WHOLE = 4
+MAX_WHOLE = 400  # a longer string is prose: its tokens matter, not its whole value
+PROSE = 200  # a string in a trusted output past this (or over several lines) is prose someone wrote
+
+_EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
+_URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
+# A bare host (no scheme): a name with a common top-level domain, so file names (report.pdf) are not hosts.
+_HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
+                   r"xyz|me|us|uk|de|fr|eu|ru|cn|ch|nl|it|es|be|ly|to|site|online|link|click|top)\b")
+_ALNUM = re.compile(r"[a-z0-9]{8,}")
+_DIGITS = re.compile(r"\d{6,}")
+_SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
+_TRAILING = ".,;:!?"
+
+
+def _key() -> bytes:
+    return hashlib.sha256(f"undolog-fingerprint:{settings.SECRET_KEY}".encode()).digest()[:32]
+
+
+def fingerprint(token: str) -> int:
+    """A keyed 63-bit hash (fits a signed 64-bit integer and JSON): the server never keeps the token."""
+    digest = hashlib.blake2b(token.encode(), digest_size=8, key=_key()).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def tokens_of(text: str) -> list[str]:
+    """The tokens of one string, lowercased: the whole value first (if any), then each token."""
+    lowered = text.lower()
+    found: list[str] = []
+    whole = _SPACE.sub(" ", lowered).strip()
+    if MIN_WHOLE <= len(whole) <= MAX_WHOLE:
+        found.append(whole)
+    # An address, not its domain: that some untrusted text named a gmail.com address says nothing
+    # of every other gmail.com address.
+    found.extend(_EMAIL.findall(lowered))
+    for url in _URL.findall(lowered):
+        url = url.rstrip(_TRAILING)
+        found.append(url)
+        host = re.sub(r"^(?:https?://)", "", url).split("/", 1)[0].split(":", 1)[0]
+        found.extend((host, host.removeprefix("www.")))
+    for match in _HOST.finditer(lowered):
+        host = match.group(0)
+        found.extend((host, host.removeprefix("www.")))
+    for run in _ALNUM.findall(lowered):
+        if not run.isdigit() and not run.isalpha():  # an id or IBAN mixes both (digits alone: below)
+            found.append(run)
+    found.extend(_DIGITS.findall(lowered))
+    return found
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string (and every number of >= 6 digits, as text) inside a JSON value. Iterative."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int | float):
+            text = str(int(item)) if isinstance(item, int) or item.is_integer() else ""
+            if len(text.lstrip("-")) >= 6:
+                yield text
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+def split(output: Any, fields: Iterable[str]) -> tuple[list[Any], list[Any]]:
+    """(untrusted parts, trusted parts) of an untrusted tool's output: the values under `fields`
+    wherever they occur, and the rest. No fields: the whole output is untrusted."""
+    names = set(fields)
+    if not names:
+        return [output], []
+    untrusted: list[Any] = []
+    trusted: list[Any] = []
+    stack = [output]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                (untrusted.append(value) if key in names else stack.append(value))
+        elif isinstance(item, list):
+            stack.extend(item)
+        else:
+            trusted.append(item)
+    return untrusted, trusted
+
+
+def prints_of(parts: Iterable[Any]) -> set[int]:
+    return {fingerprint(token) for part in parts for text in strings_in(part) for token in tokens_of(text)}
+
+
+def phrases_of(value: Any, longest: int = 4) -> set[int]:
+    """Every run of 1 to `longest` words (>= 4 characters) of the user's request: what it names
+    ("the 'general' channel") vouches for the same words met later as a whole value."""
+    found = set()
+    for text in strings_in(value):
+        words = _WORD.findall(text.lower())
+        for n in range(1, longest + 1):
+            for i in range(len(words) - n + 1):
+                phrase = " ".join(words[i:i + n])
+                if len(phrase) >= MIN_WHOLE:
+                    found.add(fingerprint(phrase))
+    return found
+
+
+def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
+    """(long strings, the rest) of trusted parts: a string past `PROSE` characters, or of several
+    lines, inside a trusted output is prose someone wrote (a channel's name that carries a
+    paragraph), not a value the system vouches for, so its tokens taint."""
+    prose: list[str] = []
+    rest: list[Any] = []
+    for part in parts:
+        for text in strings_in(part):
+            (prose if len(text) > PROSE or "\n" in text.strip() else rest).append(text)
+    return prose, rest
+
+
+def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, labels: Iterable[str] = (),
+           untrusted_fields: Iterable[str] = (), inputs: bool = False) -> None:
+    """Keep the fingerprints of one output of the run (in the caller's transaction), within the run's
+    bound. `inputs`: the user's request, trusted as a whole (its tokens, whole values and phrases)."""
+    if output is None:
+        return
+    if inputs:
+        untrusted, trusted = [], [output]
+    elif UNTRUSTED in set(labels):
+        untrusted, trusted = split(output, untrusted_fields)
+    else:
+        untrusted, trusted = [], [output]
+    if not inputs:
+        prose, trusted = prose_of(trusted)
+        untrusted = [*untrusted, *prose]
+    tainted, vouched = prints_of(untrusted), prints_of(trusted)
+    if inputs:
+        vouched |= phrases_of(output)
+    tainted -= vouched  # the same output's trusted fields vouch for what they share
+    if not tainted and not vouched:
+        return
+    bound = settings.UNDOLOG_RUN_FINGERPRINTS
+    kept = _kept(session_id)
+    if kept + len(tainted) + len(vouched) > bound:
+        if not RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
+            RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=FULL)
+        return
+    RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=tool_name[:200],
+                                  tainted=sorted(tainted), vouched=sorted(vouched),
+                                  size=len(tainted) + len(vouched))
+
+
+def _kept(session_id: Any) -> int:
+    return RunFingerprint.objects.filter(session_id=session_id).aggregate(n=Sum("size"))["n"] or 0
+
+
+# ---------------------------------------------------------------- reading them back
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a tainted token first came from."""
+
+    step_index: int
+    tool: str
+
+
+@dataclass
+class RunTaint:
+    """A run's fingerprints as `tainted()` reads them: the first untrusted sighting of each
+    token not vouched for before it, up to (not including) `before_step`."""
+
+    sources: dict[int, Source] = field(default_factory=dict)
+    full: bool = False
+    full_source: Source | None = None
+
+    @classmethod
+    def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
+        rows = RunFingerprint.objects.filter(session_id=session_id)
+        if before_step is not None:
+            rows = rows.filter(step_index__lt=before_step)
+        taint = cls()
+        vouched: set[int] = set()
+        for row in rows.order_by("step_index", "id"):
+            if row.tool_name == FULL:
+                taint.full, taint.full_source = True, Source(row.step_index, "(too many outputs to keep)")
+                continue
+            vouched.update(row.vouched)
+            for fp in row.tainted:
+                if fp not in vouched and fp not in taint.sources:
+                    taint.sources[fp] = Source(row.step_index, row.tool_name)
+        return taint
+
+    def hits(self, value: Any, path: str = "") -> list[dict[str, Any]]:
+        """Each string inside `value` that carries a tainted token: {arg, token, from_step, from_tool}."""
+        found = []
+        for where, text in _strings_with_paths(value, path):
+            for token in tokens_of(text):
+                source = self.sources.get(fingerprint(token))
+                if source is None and self.full and token:
+                    source = self.full_source
+                if source is not None:
+                    found.append({"arg": where, "token": token, "from_step": source.step_index,
+                                  "from_tool": source.tool})
+                    break
+        return found
+
+
+def _strings_with_paths(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int | float):
+            for text in strings_in(item):
+                yield where, text
+        elif isinstance(item, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in reversed(item.items()))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{n}]", v) for n, v in reversed(list(enumerate(item))))
