@@ -11,5 +11,6 @@ router.register("undo-entries", api.UndoEntryViewSet, basename="undo-entry")
 urlpatterns = [
     path("tools", api.ToolsView.as_view(), name="tools"),
     path("compensations", api.CompensationsView.as_view(), name="compensations"),
+    path("agents/<slug:name>/rollback", api.AgentRollbackView.as_view(), name="agent-rollback"),
     *router.urls,
 ]
