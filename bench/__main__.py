@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.intercept", "bench.undo", "bench.rollback", "bench.dashboard", "bench.size",
+BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.intercept", "bench.undo", "bench.rollback", "bench.dashboard",
+              "bench.size",
               "bench.sdk_safe", "bench.gateway", "bench.observability", "bench.soak"]
 
 

@@ -87,9 +87,10 @@ def preview(agent: Agent, since: datetime) -> Scope:
 
 
 def progress(agent: Agent) -> dict[str, int]:
-    """Runs of the agent being walked back now, and the entries they have left (live progress)."""
-    walking = Session.objects.filter(agent=agent, state=Session.State.COMPENSATING)
-    return {"runs": walking.count(), "entries_left": UndoEntry.objects.filter(session__in=walking).open().count()}
+    """The agent's runs being walked back now, and the undo entries they have left (live progress)."""
+    left = (UndoEntry.objects.filter(session__agent=agent, session__state=Session.State.COMPENSATING).open()
+            .aggregate(runs=Count("session_id", distinct=True), entries_left=Count("id")))
+    return {"runs": left["runs"], "entries_left": left["entries_left"]}
 
 
 def rollback(agent: Agent, since: datetime, reason: str, actor: str) -> Scope:
