@@ -597,9 +597,10 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
 
     A fixed number of queries whatever the number of agents: the agents, the runs per day
     (grouped in the database, so 10,000 runs are one query, not 10,000 rows), the budget
-    policies, today's counters and the ended runs the suggestion sizes from; one more while an
-    agent's own switch is on (the cap it had before, which turning the switch off restores), and
-    one more for admins (`with_keys`: every agent's keys, which only admins manage).
+    policies, today's counters and the ended runs the suggestion sizes from, the runs being
+    walked back (a fleet rollback's progress); one more while an agent's own switch is on (the
+    cap it had before, which turning the switch off restores), and one more for admins
+    (`with_keys`: every agent's keys, which only admins manage).
     """
     now = now or timezone.now()
     agents = list(Agent.objects.for_org(org).order_by("name"))
@@ -611,6 +612,7 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
     if with_keys:  # admins only: one query for every agent's keys, newest first
         for key in AgentKey.objects.filter(agent__org=org).order_by("-created", "-id"):
             keys[key.agent_id].append(key)
+    walking = _walking_back(org)
     rows = []
     for agent in agents:
         mine = per_day.get(agent.pk, {})
@@ -620,8 +622,17 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
                                  "max_cost": _number(mine.get(day, {}).get("max_cost")) or 0} for day in days]}
         row.update(budget(agent))
         row["keys"] = keys[agent.pk]
+        row["rollback"] = walking.get(agent.pk, {"runs": 0, "entries_left": 0})
         rows.append(row)
     return {"agents": rows, "incident_on": incident_on}
+
+
+def _walking_back(org: Organization) -> dict[Any, dict[str, int]]:
+    """Per agent: its runs being walked back and the undo entries they have left, in one query
+    (the same numbers as `GET /api/v1/agents/{name}/rollback`'s `in_progress`)."""
+    rows = (UndoEntry.objects.filter(session__org=org, session__state=Session.State.COMPENSATING).open()
+            .values("session__agent_id").annotate(runs=Count("session_id", distinct=True), entries=Count("id")))
+    return {row["session__agent_id"]: {"runs": row["runs"], "entries_left": row["entries"]} for row in rows}
 
 
 def _runs_per_day(org: Organization, since: dt.datetime) -> dict[Any, dict[dt.date, dict[str, Any]]]:

@@ -81,8 +81,43 @@ def dispatch(event: Event) -> list[Delivery] | None:
     return rows
 
 
-def _webhook_rows(event: Event, payload: events.EventPayload) -> list[Delivery]:
-    hooks = [hook for hook in OrgWebhook.objects.for_org(event.org_id).active() if hook.wants(event.kind)]
+def dispatch_many(recorded: list[Event]) -> int:
+    """`dispatch` for a batch of events recorded together (a fleet rollback's `session.compensated`,
+    one per run): one claim and one read of each org's webhooks for all of them, instead of a
+    transaction each. Approval events are not batched (their payload reads the request): they go
+    one by one. Returns how many this call fanned out."""
+    single = [event for event in recorded if event.kind in events.APPROVAL_KINDS or event.kind in SLACK_KINDS]
+    for event in single:
+        dispatch(event)
+    batch = {event.pk: event for event in recorded if event not in single}
+    if not batch:
+        return len(single)
+    with transaction.atomic():
+        # Locked, then claimed: of this call and any sweep racing it, each event goes to one.
+        mine = list(Event.objects.filter(pk__in=list(batch), fanned_out_at__isnull=True)
+                    .select_for_update(skip_locked=True).values_list("pk", flat=True))
+        Event.objects.filter(pk__in=mine).update(fanned_out_at=timezone.now())
+        hooks: dict = {}
+        rows: list[Delivery] = []
+        payloads = []
+        for pk in mine:
+            event = batch[pk]
+            payload = events.payload_for(event)
+            if event.org_id not in hooks:
+                hooks[event.org_id] = list(OrgWebhook.objects.for_org(event.org_id).active())
+            rows += _webhook_rows(event, payload, hooks[event.org_id]) + _email_rows(event, payload)
+            payloads.append((event.org_id, event.kind, payload))
+        Delivery.objects.bulk_create(rows, ignore_conflicts=True)
+        for row in rows:
+            row.enqueue_after_commit()
+        transaction.on_commit(lambda: [events.publish(*published) for published in payloads])
+    return len(single) + len(mine)
+
+
+def _webhook_rows(event: Event, payload: events.EventPayload, active: list[OrgWebhook] | None = None) -> list[Delivery]:
+    if active is None:
+        active = list(OrgWebhook.objects.for_org(event.org_id).active())
+    hooks = [hook for hook in active if hook.wants(event.kind)]
     message = events.Message(type=event.kind, payload=payload)
     return [Delivery(org_id=event.org_id, purpose=Delivery.Purpose.EVENT, webhook=hook, event=event,
                      kind=event.kind, url=hook.url, body=events.slack_body(payload) if hook.slack else message,

@@ -236,3 +236,33 @@ class UndoEntryAnswerDict(TypedDict):
 
 class UndoEntryListDict(TypedDict):
     undo_entries: list[UndoEntryListedDict]
+
+
+class RollbackProgressDict(TypedDict):
+    """An agent's runs being walked back now, and the undo entries they have left."""
+
+    runs: int
+    entries_left: int
+
+
+class RollbackDict(TypedDict):
+    """A fleet rollback: the runs it takes (open and halted ones failed, completed ones undone)
+    and the open undo entries on their stacks."""
+
+    runs: int
+    entries: int
+    running: int
+    ended: int
+    since: str
+    in_progress: NotRequired[RollbackProgressDict]
+
+
+class RollbackPreviewDict(TypedDict):
+    """What a rollback since `since` would take now (with `since`), and what is being walked back."""
+
+    runs: NotRequired[int]
+    entries: NotRequired[int]
+    running: NotRequired[int]
+    ended: NotRequired[int]
+    since: NotRequired[str]
+    in_progress: RollbackProgressDict

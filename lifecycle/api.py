@@ -10,6 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
@@ -23,13 +24,21 @@ from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
 from effects import longpoll, outputs, shapes
 from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
-from lifecycle import claims
+from lifecycle import claims, rollback
 from lifecycle import intercept as pipeline
 from lifecycle import shapes as run_shapes
 from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
-from orgs.auth import IsAdmin, IsAgent, IsAgentOrMember, IsAgentOrReviewer, IsReviewer, IsViewer
+from orgs.auth import (
+    IsAdmin,
+    IsAgent,
+    IsAgentOrMember,
+    IsAgentOrReviewer,
+    IsReviewer,
+    IsViewer,
+    ReadViewerWriteAdmin,
+)
 from orgs.models import Agent
-from orgs.views import OrgScopedViewSet
+from orgs.views import OrgScopedAPIView, OrgScopedViewSet
 
 # ---------------------------------------------------------------- sessions
 
@@ -241,6 +250,62 @@ class SessionViewSet(OrgScopedViewSet):
         session = self.get_object()
         session.undo(actor=self.caller.label)
         return Response({"session": session_dict(session)})
+
+
+# ---------------------------------------------------------------- fleet rollback
+
+
+def _not_in_future(value):
+    if value > timezone.now():
+        raise serializers.ValidationError("Must not be in the future.")
+    return value
+
+
+SINCE_HELP = ("Roll back the runs that ended at or after this time (ISO 8601; without an offset, UTC). "
+              "Open runs are failed whenever they began.")
+
+
+class RollbackSerializer(StrictSerializer):
+    since = serializers.DateTimeField(help_text=SINCE_HELP, validators=[_not_in_future])
+    reason = StringField(max_length=2000, help_text="Why: kept with the audited event and on each failed run.")
+
+
+class RollbackPreviewSerializer(StrictSerializer):
+    since = serializers.DateTimeField(required=False, help_text=SINCE_HELP, validators=[_not_in_future])
+
+
+class AgentRollbackView(OrgScopedAPIView):
+    """Fleet rollback of one agent (lifecycle/rollback.py): admins start it, members watch it."""
+
+    queryset = Agent.objects.select_related("org")
+    lookup_field = "name"
+    lookup_is_uuid = False
+    permission_classes = [ReadViewerWriteAdmin]
+    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
+
+    @extend_schema(summary="What a rollback would take, and what is being walked back", tags=["agents"],
+                   parameters=[OpenApiParameter("since", str, description="ISO 8601; with it, the runs and "
+                                                "entries a rollback since then would take now")],
+                   responses={**ok(shapes.RollbackPreviewDict), **errors(404, codes={404: ["agent_not_found"]})})
+    def get(self, request: Request, name: str) -> Response:
+        agent = self.get_object()
+        data = validated(RollbackPreviewSerializer, request.query_params.dict())
+        body: dict[str, Any] = {}
+        if data.get("since") is not None:
+            body = {**rollback.preview(agent, data["since"]).as_dict(), "since": data["since"].isoformat()}
+        return Response({**body, "in_progress": rollback.progress(agent)})
+
+    @extend_schema(summary="Roll back every run of the agent since a time (admins)", tags=["agents"],
+                   request=RollbackSerializer,
+                   responses={**ok(shapes.RollbackDict), **errors(404, codes={404: ["agent_not_found"]})})
+    def post(self, request: Request, name: str) -> Response:
+        """Fails every open run of the agent and undoes every run of it that ended since `since`
+        (completed ones too); each run's undo stack is walked back newest first, the runs in
+        parallel across the workers. One `agent.rolled_back` event records who, why and the counts."""
+        agent = self.get_object()
+        data = validated(RollbackSerializer, request.data)
+        scope = rollback.rollback(agent, data["since"], data["reason"], actor=self.caller.label)
+        return Response({**scope.as_dict(), "since": data["since"].isoformat()})
 
 
 # ---------------------------------------------------------------- effects

@@ -17,7 +17,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from core.enqueue import enqueue
-from lifecycle import abandon, undo
+from lifecycle import abandon, rollback, undo
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,19 @@ def sweep_undo_walks() -> int:
     if due:
         logger.debug("undo sweep: re-enqueued %d walk(s)", len(due))
     return len(due)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def walk_fleet(session_ids: list[str]) -> None:
+    """A chunk of a fleet rollback's runs, walked side by side (lifecycle/rollback.py)."""
+    left = rollback.walk_fleet(session_ids)
+    if left:
+        enqueue_fleet_walk(left)
+
+
+def enqueue_fleet_walk(session_ids: list[uuid.UUID | str]) -> None:
+    """Called after commit. Lost, it loses nothing: the sweep walks each run that sits still."""
+    enqueue(walk_fleet, [str(pk) for pk in session_ids])
 
 
 def enqueue_walk(session_id: uuid.UUID | str, countdown: float = 0) -> None:

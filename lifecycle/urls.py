@@ -1,3 +1,4 @@
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from lifecycle import api
@@ -7,4 +8,7 @@ router.register("sessions", api.SessionViewSet, basename="session")
 router.register("effects", api.EffectViewSet, basename="effect")
 router.register("undo-entries", api.UndoEntryViewSet, basename="undo-entry")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("agents/<slug:name>/rollback", api.AgentRollbackView.as_view(), name="agent-rollback"),
+    *router.urls,
+]

@@ -466,5 +466,7 @@ LOGGING = {
         # Connected, mingle: start-up chatter that would push `make run`'s summary off screen
         # (celery.apps.worker's one "ready" line stays: the tests wait for it).
         "celery.worker.consumer": {"level": _CHATTY},
+        # A line per outgoing request (every compensation webhook): the attempt rows record them.
+        "httpx": {"level": _CHATTY},
     },
 }

@@ -385,3 +385,36 @@ def test_an_admin_saves_the_org_settings_and_adds_and_deletes_a_webhook(acme, se
     assert hook["event_types"] == ["approval.requested", "compensation.failed"]
     assert hook["secret_hint"][1:] in secret_shown
     assert acme.admin.get("/api/v1/webhooks").json()["webhooks"] == []
+
+
+def test_an_admin_rolls_back_an_agents_runs_and_watches_the_entries_left(acme, server, new_page):
+    from lifecycle import undo
+    from orgs.models import Event
+    from tests.effects.conftest import build_stack
+    from tests.receiver import Receiver
+
+    with Receiver() as receiver:
+        running = build_stack(acme, receiver.url, 2)
+        done = build_stack(acme, receiver.url, 1)
+        acme.api.post(f"/api/v1/sessions/{done.session_id}/complete")
+        page = new_page()
+        log_in(page, acme.admin.user)
+        page.goto("/agents/")
+
+        page.click("[data-agent=cleanup] button[data-action=rollback]")
+        page.wait_for_function("() => document.getElementById('confirm-title').textContent.includes('2 runs')")
+        asked = page.inner_text("#confirm-body")
+        page.fill("#confirm-input", "prompt injection")
+        page.click("#confirm-ok")
+        # No worker in this test: the walks wait, and the card says how many entries are left.
+        progress = "[data-agent=cleanup] [data-role=rollback-progress]"
+        page.wait_for_selector(f"{progress}:not([hidden])")
+        assert page.inner_text(f"{progress} [data-role=rollback-entries]") == "3"
+
+        for session_id in (running.session_id, done.session_id):
+            undo.walk(session_id)
+        page.wait_for_selector(progress, state="hidden", timeout=5000)
+
+    assert "1 running run" in asked and "3 undo entries" in asked
+    assert Event.objects.get(kind="agent.rolled_back").data["reason"] == "prompt injection"
+    assert {running.session.state, done.session.state} == {"compensated"}

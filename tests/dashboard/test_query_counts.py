@@ -111,9 +111,10 @@ def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):
     many, statements = count(client, "/agents/")
 
     assert many == few, statements
-    # the agents, their runs per day, the budget policies, today's counters, the healthy runs; and
-    # today's usage from the effect log (the tools' weights, the day's effects, its SAFE calls)
-    assert many == FRAME + 5 + 3, statements
+    # the agents, their runs per day, the budget policies, today's counters, the healthy runs, the
+    # runs being walked back; and today's usage from the effect log (the tools' weights, the day's
+    # effects, its SAFE calls)
+    assert many == FRAME + 6 + 3, statements
 
 
 def test_the_agents_page_reads_the_cap_to_restore_once_for_all_switched_off_agents(acme, busy):
@@ -126,7 +127,7 @@ def test_the_agents_page_reads_the_cap_to_restore_once_for_all_switched_off_agen
 
     n, statements = count(client, "/agents/")
 
-    assert n == FRAME + 8 + 1, statements  # the budget history of the switched agents, one query
+    assert n == FRAME + 9 + 1, statements  # the budget history of the switched agents, one query
 
 
 def test_the_failures_page_takes_a_fixed_number_of_queries(acme, busy):
@@ -155,4 +156,4 @@ def test_the_agents_page_reads_every_agents_keys_in_one_query_for_admins(acme, b
 
     many, statements = count(client, "/agents/")
 
-    assert many == few == FRAME + 8 + 1, statements  # the keys of all agents, one query
+    assert many == few == FRAME + 9 + 1, statements  # the keys of all agents, one query
