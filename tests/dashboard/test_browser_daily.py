@@ -3,7 +3,7 @@ ASGI server: the dashboard on a phone and a desktop, agents and keys, triage of 
 
 On a phone (390×844) and a desktop (1440×900) the queue, an approval and a session page lay
 out within the window (no sideways scrolling), the dark header spans the width with every nav
-link on screen, and the actions a reviewer needs are visible. Leaves
+link on screen or in the nav's own sideways-scrolling row, and the actions a reviewer needs are visible. Leaves
 var/responsive-<page>-<size>.png for people to look at."""
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ FITS = """(selectors) => {
     const nodes = document.querySelectorAll(selector);
     if (!nodes.length) out.push(`${selector} missing`);
     for (const node of nodes) {
-      const box = node.getBoundingClientRect();
+      // A link inside a row that scrolls sideways on its own (the phone's nav) is reached by
+      // scrolling that row: the row is what must fit.
+      let scroller = node.parentElement;
+      while (scroller && !['auto', 'scroll'].includes(getComputedStyle(scroller).overflowX)) scroller = scroller.parentElement;
+      const box = (scroller || node).getBoundingClientRect();
       if (!box.width || !box.height) out.push(`${selector} not shown`);
       else if (box.left < 0 || box.right > width + 0.5) out.push(`${selector} outside (${box.left}..${box.right})`);
     }

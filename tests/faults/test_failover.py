@@ -40,20 +40,28 @@ def test_the_promoted_standby_takes_over_within_ten_seconds_and_keeps_every_ackn
             stop = threading.Event()
 
             def call(client: httpx.Client, path: str, body: dict, ok: tuple[int, ...]) -> httpx.Response | None:
+                retried = False
                 while not stop.is_set():
                     try:
                         answer = client.post(path, json=body)
                     except httpx.TransportError:
+                        retried = True
                         time.sleep(0.1)
                         continue
+                    # A commit whose answer was lost with the primary (its WAL already on the synchronous
+                    # standby) is found committed when the client tries again: that retry is answered 409
+                    # with the state, and the commit stands (the check below reads its result back).
+                    landed = (retried and path.endswith("/commit") and answer.status_code == 409
+                              and answer.json().get("state") == "committed")
                     with lock:
                         statuses[answer.status_code] += 1
                         if answer.status_code == 503 and answer.json().get("error") != "database_unavailable":
                             bad.append(answer.text)
-                        elif answer.status_code not in (*ok, 503):
+                        elif answer.status_code not in (*ok, 503) and not landed:
                             bad.append(f"{answer.status_code} {answer.text}")
-                    if answer.status_code in ok:
+                    if answer.status_code in ok or landed:
                         return answer
+                    retried = True
                     if answer.status_code != 503:
                         return None
                     time.sleep(0.2)
@@ -107,7 +115,7 @@ def test_the_promoted_standby_takes_over_within_ten_seconds_and_keeps_every_ackn
               f"first commit on the new primary {took:.2f} s after the primary died; answers {dict(statuses)}")
         assert took < 10, took
         assert bad == [], bad[:5]
-        assert set(statuses) <= {200, 201, 503}, statuses  # never a 500
+        assert set(statuses) <= {200, 201, 409, 503}, statuses  # never a 500 (409: a retried commit that had landed)
         with psycopg.connect(cluster.standby.url("undolog")) as db:
             assert not db.execute("SELECT pg_is_in_recovery()").fetchone()[0]
             rows = dict(db.execute("SELECT id::text, result FROM effects_effect WHERE state = 'committed'").fetchall())
