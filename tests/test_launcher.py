@@ -73,7 +73,8 @@ def test_it_stops_its_redis_when_sigkilled_and_the_next_launcher_reaps_an_orphan
             process.send_signal(signal.SIGKILL)  # the launcher alone, as `kill -9` of `make run` would
             until(lambda: not embedded_redis.answers(socket), 5, "its Redis outlived the launcher")
             until(lambda: not up(base), 10, "its server outlived the launcher")
-            until(lambda: not workers_of(var), 60, "its worker outlived the launcher")  # a warm shutdown: slow on a loaded machine
+            # SIGTERM is a warm shutdown for the worker: slow on a loaded machine.
+            until(lambda: not workers_of(var), 60, "its worker outlived the launcher")
 
 
 def workers_of(var: Path) -> list[int]:

@@ -33,7 +33,9 @@ FITS = """(selectors) => {
       // A link inside a row that scrolls sideways on its own (the phone's nav) is reached by
       // scrolling that row: the row is what must fit.
       let scroller = node.parentElement;
-      while (scroller && !['auto', 'scroll'].includes(getComputedStyle(scroller).overflowX)) scroller = scroller.parentElement;
+      while (scroller && !['auto', 'scroll'].includes(getComputedStyle(scroller).overflowX)) {
+        scroller = scroller.parentElement;
+      }
       const box = (scroller || node).getBoundingClientRect();
       if (!box.width || !box.height) out.push(`${selector} not shown`);
       else if (box.left < 0 || box.right > width + 0.5) out.push(`${selector} outside (${box.left}..${box.right})`);
