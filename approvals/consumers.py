@@ -168,6 +168,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def session_compensated(self, message: dict) -> None:
         await self.forward(message)
 
+    async def agent_rolled_back(self, message: dict) -> None:
+        await self.forward(message)
+
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)

@@ -631,6 +631,7 @@ EVENT_KINDS = [
     "incident.changed", "session.updated", "session.abandoned", "grant.issued", "grant.revoked",
     # For the audit chain (ops/audit.py): budget and retention changes, hand resolutions, undone runs.
     "policy.changed", "policy.retention_changed", "undo_entry.resolved", "session.compensated",
+    "agent.rolled_back",
 ]
 
 
