@@ -1,5 +1,5 @@
-"""`make run`: the embedded Redis (unless REDIS_URL is set), the ASGI server and a Celery
-worker with beat inside, as one foreground command. Ctrl-C stops them all."""
+"""`make run`: the embedded Redis (unless REDIS_URL is set), the ASGI server, a Celery worker and
+Celery beat, as one foreground command. Ctrl-C stops them all."""
 
 from __future__ import annotations
 
@@ -45,9 +45,14 @@ def main() -> int:
                           "--host", host, "--port", port, "--no-access-log", "--log-level", "warning"], cwd=BASE_DIR,
                          **_OWN_GROUP),
         # -q: no banner. Its periodic tasks log at DEBUG (settings.LOGGING), so warnings stand out.
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker", "-B",
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker",
                           "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
-                          "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4"),
+                          "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4")], cwd=BASE_DIR,
+                         **_OWN_GROUP),
+        # Beat in a process of its own, not embedded in the worker (-B): an embedded beat outlived a
+        # SIGKILLed launcher, retrying the gone Redis for minutes after its worker had exited.
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "beat",
+                          "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
                           "--schedule", str(var / f"celerybeat-schedule{instance}")], cwd=BASE_DIR,
                          **_OWN_GROUP),
     ]
@@ -73,14 +78,14 @@ def main() -> int:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(child, signal.SIGKILL)  # what is left of it: pool children, the embedded beat
+            _signal_group(child, signal.SIGKILL)  # what is left of it: a worker's pool children
         embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
     return 1 if failed and not stopping else 0
 
 
-# Each child leads a process group of its own, stopped as a whole (a celery worker's pool and its
-# embedded beat with it), and dies with the launcher even when the launcher is SIGKILLed.
+# Each child leads a process group of its own, stopped as a whole (a celery worker's pool with it),
+# and dies with the launcher even when the launcher is SIGKILLed.
 _OWN_GROUP = {"start_new_session": True, "preexec_fn": embedded_redis.die_with_parent}
 
 
