@@ -63,6 +63,27 @@ FAIL_RUN = "undolog_fail_run"
 START_RUN = "undolog_start_run"
 META_TOOLS = (START_RUN, FINISH_RUN, FAIL_RUN)
 RUN_ARG = "undolog_run"  # the run handle every exposed tool takes (stripped before the upstream)
+# What the model reads about each of them: (name, description, input schema).
+_META_TOOL_DECLARATIONS = (
+    (
+        START_RUN,
+        "Start a run (one task of this conversation) and get its handle. Pass the "
+        f"handle as {RUN_ARG} to every other tool call of this conversation: over "
+        "stateless HTTP a call without it is refused. Call it once per conversation.",
+        {"type": "object", "properties": {}},
+    ),
+    (
+        FINISH_RUN,
+        "Finish this run: everything done so far stands. Call it when the task is done.",
+        {"type": "object", "properties": {}},
+    ),
+    (
+        FAIL_RUN,
+        "Fail this run and roll it back: every change it made that has an undo is "
+        "undone, newest first. Give the reason.",
+        {"type": "object", "properties": {"reason": {"type": "string"}}, "required": ["reason"]},
+    ),
+)
 MAX_HANDLE_CHARS = 64
 MAX_CACHED_RUNS = 10_000  # handle runs a replica remembers; a forgotten one is read again
 # A handle run's SAFE calls are reported this long after the first of a burst: one request for
@@ -358,45 +379,10 @@ class Gateway:
         from mcp import types
 
         tools = [with_run_argument(dataclass_copy(route)) for route in self.routes.values()]
-        tools.append(
-            types.Tool(
-                name=START_RUN,
-                description=(
-                    "Start a run (one task of this conversation) and get its handle. Pass the "
-                    f"handle as {RUN_ARG} to every other tool call of this conversation: over "
-                    "stateless HTTP a call without it is refused. Call it once per conversation."
-                ),
-                input_schema={"type": "object", "properties": {}},
-            )
-        )
-        tools.append(
-            with_run_argument(
-                types.Tool(
-                    name=FINISH_RUN,
-                    description=(
-                        "Finish this run: everything done so far stands. Call it when the task is "
-                        "done."
-                    ),
-                    input_schema={"type": "object", "properties": {}},
-                )
-            )
-        )
-        tools.append(
-            with_run_argument(
-                types.Tool(
-                    name=FAIL_RUN,
-                    description=(
-                        "Fail this run and roll it back: every change it made that has an undo is "
-                        "undone, newest first. Give the reason."
-                    ),
-                    input_schema={
-                        "type": "object",
-                        "properties": {"reason": {"type": "string"}},
-                        "required": ["reason"],
-                    },
-                )
-            )
-        )
+        for name, description, input_schema in _META_TOOL_DECLARATIONS:
+            tool = types.Tool(name=name, description=description, input_schema=input_schema)
+            # The start is the one call a stateless client makes before it has a handle.
+            tools.append(tool if name == START_RUN else with_run_argument(tool))
         return tools
 
     # -- runs ----------------------------------------------------------------------------
