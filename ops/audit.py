@@ -73,7 +73,8 @@ def link(prev_hash: str, text: str) -> str:
 def seal(org_id: uuid.UUID, batch: int = BATCH) -> int:
     """Append the org's unsealed audit-worthy events to its chain; how many were sealed.
 
-    1. Lock the org's chain head (one sealer per org at a time; other orgs go on).
+    1. Lock the org's chain head (one sealer per org at a time: a second one, finding it locked,
+       leaves the org to the first; other orgs go on).
     2. Read the events not yet sealed since the last sealed one's time (minus SLACK), oldest first.
     3. Link each to the previous hash; write the records and the new head in the same transaction.
     """
@@ -88,7 +89,12 @@ def seal(org_id: uuid.UUID, batch: int = BATCH) -> int:
 
 def _seal_batch(org_id: uuid.UUID, batch: int) -> int:
     with transaction.atomic():
-        chain = AuditChain.objects.select_for_update().get(pk=org_id)
+        # SKIP LOCKED: another sealer holds this org's head, so it seals what is there (what it
+        # misses, the next beat's run does). Waiting for it would only queue sealers up, each
+        # holding one of the workers' slots that the undo walks and the sweeps need.
+        chain = AuditChain.objects.select_for_update(skip_locked=True).filter(pk=org_id).first()
+        if chain is None:
+            return 0
         events = list(_unsealed(chain)[:batch])
         if not events:
             return 0
@@ -118,7 +124,12 @@ def _unsealed(chain: AuditChain):
 def orgs_to_seal(now: datetime | None = None) -> list[uuid.UUID]:
     """Orgs with an audit-worthy event recent enough that it may not be sealed yet."""
     since = (now or timezone.now()) - SLACK
-    return list(Event.objects.filter(audited(), created__gte=since).values_list("org_id", flat=True).distinct())
+    # order_by() clears Event's Meta ordering (-created): left in, DISTINCT would be over
+    # (org_id, created), one org per event, and the beat's task would seal each org once per
+    # recent event (seen: 1,454 seals of one org per run, each locking its chain head, the
+    # tasks piling up on that lock until they held every worker and no undo walk ran).
+    return list(Event.objects.filter(audited(), created__gte=since).order_by().values_list(
+        "org_id", flat=True).distinct())
 
 
 def backlog(org: Organization) -> int:

@@ -393,12 +393,43 @@ def run(seconds: float, work: Path, seed: int = 30, min_faults: int = 0, hold: t
                 moved = time.monotonic()
             left = now_left
         out(f"settled in {time.monotonic() - settle_started:.0f} s ({left} entries left)")
+        stall = diagnose(cluster) if left else None
         report = check(work / "history.jsonl", work / "receiver.jsonl", pg.url(), runs)
         report["faults"] = dict(stats.faults)
         report["errors_per_fault"] = errors_per_fault(work / "history.jsonl", faults)
         report["recovery_s"] = {kind: _summary(values) for kind, values in stats.recoveries.items()}
         report["fault_log"] = faults
+        if stall is not None:
+            report["stall"] = stall
         return report
+
+
+def diagnose(cluster: Cluster) -> dict:
+    """Where a stalled backlog is held: the primary's backends (what each waits for, how long its
+    transaction has been open), the broker's queues, and what each worker is running."""
+    found: dict = {}
+    try:
+        with psycopg.connect(cluster.pg.url(), connect_timeout=3) as db:
+            found["backends"] = db.execute("""
+                SELECT pid, host(client_addr), application_name, state, wait_event_type, wait_event,
+                       round(extract(epoch FROM now() - xact_start)::numeric, 1), left(query, 160)
+                FROM pg_stat_activity WHERE datname = 'undolog' AND pid <> pg_backend_pid()
+                ORDER BY xact_start NULLS LAST""").fetchall()
+    except psycopg.Error as exc:
+        found["backends"] = repr(exc)
+    import redis
+    try:
+        broker = redis.Redis.from_url(cluster.redis_url, socket_timeout=3)
+        found["queues"] = {key.decode(): broker.llen(key) for key in broker.keys("*")
+                           if broker.type(key) == b"list"}
+        found["unacked"] = broker.hlen("unacked")
+    except redis.RedisError as exc:
+        found["queues"] = repr(exc)
+    inspect = subprocess.run([sys.executable, "-m", "celery", "-A", "undolog_site", "inspect", "active", "--json",
+                              "--timeout", "5"], cwd=BASE_DIR, env=cluster.env, capture_output=True, text=True,
+                             timeout=60)
+    found["active"] = inspect.stdout[-20_000:] or inspect.stderr[-2000:]
+    return found
 
 
 def errors_per_fault(history_path: Path, faults: list[dict]) -> dict:
@@ -490,10 +521,12 @@ def check(history_path: Path, receiver_path: Path, url: str, runs: dict) -> dict
             continue
         by_session[row[0]].append((delivery["at"], row[2], key))
     rolled_back = {session for session, state in sessions.items() if state in ROLLED_BACK}
+    stuck = [key for key, (session, state, _step) in entries.items()
+             if session in rolled_back and state != "skipped" and (state != "compensated" or key not in first)]
+    for key in stuck:
+        violations.append({"rule": "rolled-back entry compensated",
+                           "evidence": {"entry": key, "delivered": key in first, **_entry_evidence(url, key)}})
     for key, (session, state, _step) in entries.items():
-        if session in rolled_back and state != "skipped" and (state != "compensated" or key not in first):
-            violations.append({"rule": "rolled-back entry compensated", "evidence": {"entry": key, "state": state,
-                                                                                      "delivered": key in first}})
         if state == "skipped" and key in first:
             violations.append({"rule": "a skipped entry is not sent", "evidence": {"entry": key}})
         if session not in rolled_back and key in first:
@@ -535,6 +568,23 @@ def check(history_path: Path, receiver_path: Path, url: str, runs: dict) -> dict
     }
 
 
+def _entry_evidence(url: str, key: str) -> dict:
+    """What a stuck entry's rows say: the entry (state, attempts, claim, lease, next attempt), its
+    session (state, when it last moved) and the session's and the entry's histories."""
+    with psycopg.connect(url, connect_timeout=5) as db:
+        entry = db.execute("""SELECT u.state, u.step_index, u.attempts, u.claimed_at, u.lease_until, u.next_attempt_at,
+                                     u.updated, u.last_error, s.id::text, s.state, s.updated, now()
+                              FROM effects_undoentry u JOIN effects_session s ON s.id = u.session_id
+                              WHERE u.id = %s""", (key,)).fetchone()
+        attempts = db.execute("""SELECT number, outcome, started_at, status_code, left(error, 200)
+                                 FROM effects_undoattempt WHERE entry_id = %s ORDER BY number""", (key,)).fetchall()
+        moves = db.execute("""SELECT from_state, to_state, actor, created FROM effects_sessiontransition
+                              WHERE session_id = %s ORDER BY created, id""", (entry[8],)).fetchall()
+    names = ("state", "step", "attempts", "claimed_at", "lease_until", "next_attempt_at", "updated", "last_error",
+             "session", "session_state", "session_updated", "checked_at")
+    return {**dict(zip(names, entry, strict=True)), "attempt_log": attempts, "session_moves": moves}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=600)
@@ -563,6 +613,8 @@ def print_report(report: dict, out=print) -> None:
     out(f"statuses: {report['statuses']}")
     out("unserved answers (503, broken connections) per fault kind: " + json.dumps(report.get("errors_per_fault")))
     out(f"violations: {len(report['violations'])} {dict(Counter(v['rule'] for v in report['violations']))}")
+    if "stall" in report:
+        out("stall: " + json.dumps(report["stall"], default=str)[:6000])
     for violation in report["violations"][:50]:
         out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:600]}")
 

@@ -116,6 +116,62 @@ def test_the_beat_task_seals_every_org_with_recent_events(acme, outsider):
     assert seal_audit() == 0
 
 
+def test_the_beat_task_seals_each_org_once_however_many_events_it_has(acme, outsider):
+    """Event's default ordering (-created) once made the DISTINCT one org per event: a run with
+    1,454 recent events sealed its org 1,454 times per beat, and the tasks took every worker."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from ops.tasks import seal_audit
+
+    refusals(acme, 40)
+    refusals(outsider, 3)
+
+    assert sorted(audit.orgs_to_seal(), key=str) == sorted([acme.org.id, outsider.org.id], key=str)
+    assert seal_audit() == 43
+    refusals(acme, 40)  # 80 recent events of acme's now, 40 of them new
+    with CaptureQueriesContext(connection) as queries:
+        assert seal_audit() == 40
+    assert len(queries) < 25, [q["sql"][:80] for q in queries]
+
+
+def test_a_second_sealer_leaves_a_locked_chain_to_the_first_instead_of_waiting(acme):
+    """On PostgreSQL the beat's sealers never queue on an org's chain head (each would hold a
+    worker's slot the walks need): the one that finds it locked returns at once."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    refusals(acme, 3)
+    AuditChain.objects.get_or_create(org_id=acme.org.id)
+    locked, release = threading.Event(), threading.Event()
+
+    def first_sealer() -> None:
+        try:
+            with transaction.atomic():
+                AuditChain.objects.select_for_update().get(pk=acme.org.id)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first_sealer)
+    holder.start()
+    assert locked.wait(10)
+    if connection.vendor == "postgresql":
+        started = time.monotonic()
+        assert audit.seal(acme.org.id) == 0
+        assert time.monotonic() - started < 1.5
+        release.set()
+        holder.join(10)
+        assert audit.seal(acme.org.id) == 3
+    else:  # SQLite: one writer at a time for the whole database; the second waits its turn
+        threading.Timer(0.5, release.set).start()
+        assert audit.seal(acme.org.id) == 3
+        holder.join(10)
+
+
 # ---------------------------------------------------------------- export
 
 def export(client, **params):
