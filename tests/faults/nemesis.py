@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import redis
 
 from tests.netns import network
 from tests.processes import BASE_DIR
@@ -417,7 +418,6 @@ def diagnose(cluster: Cluster) -> dict:
                 ORDER BY xact_start NULLS LAST""").fetchall()
     except psycopg.Error as exc:
         found["backends"] = repr(exc)
-    import redis
     try:
         broker = redis.Redis.from_url(cluster.redis_url, socket_timeout=3)
         found["queues"] = {key.decode(): broker.llen(key) for key in broker.keys("*")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 
 import pytest
 import rfc8785
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from ops import audit
 from ops.models import GENESIS, AuditChain, AuditRecord
@@ -119,9 +122,6 @@ def test_the_beat_task_seals_every_org_with_recent_events(acme, outsider):
 def test_the_beat_task_seals_each_org_once_however_many_events_it_has(acme, outsider):
     """Event's default ordering (-created) once made the DISTINCT one org per event: a run with
     1,454 recent events sealed its org 1,454 times per beat, and the tasks took every worker."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     from ops.tasks import seal_audit
 
     refusals(acme, 40)
@@ -138,11 +138,6 @@ def test_the_beat_task_seals_each_org_once_however_many_events_it_has(acme, outs
 def test_a_second_sealer_leaves_a_locked_chain_to_the_first_instead_of_waiting(acme):
     """On PostgreSQL the beat's sealers never queue on an org's chain head (each would hold a
     worker's slot the walks need): the one that finds it locked returns at once."""
-    import threading
-    import time
-
-    from django.db import connection, transaction
-
     refusals(acme, 3)
     AuditChain.objects.get_or_create(org_id=acme.org.id)
     locked, release = threading.Event(), threading.Event()
