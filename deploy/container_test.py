@@ -330,7 +330,9 @@ def main() -> int:
         log(f"compose up: project {PROJECT}, proxy on {base}, {env['POSTGRES_IMAGE']}, {env['REDIS_IMAGE']}")
         up_at = time.monotonic()
         compose(env, "up", "-d")
-        eventually(lambda: state_of(container("migrate"))["Status"] == "exited", HEALTHY_WITHIN_S, "migrate to finish")
+        # Podman without systemd may leave an exited container "stopped" until its cleanup runs.
+        eventually(lambda: state_of(container("migrate"))["Status"] in ("exited", "stopped"), HEALTHY_WITHIN_S,
+                   "migrate to finish")
         assert state_of(container("migrate"))["ExitCode"] == 0, podman("logs", container("migrate")).stderr[-3000:]
         servers = [container("web", 1), container("web", 2), container("ws"), container("proxy"),
                    container("worker", 1), container("worker", 2), container("beat")]
@@ -356,7 +358,9 @@ def main() -> int:
         for name in podman("ps", "-a", "--format", "{{.Names}}", "--filter",
                            f"label=io.podman.compose.project={PROJECT}", check=False).stdout.split():
             logs = podman("logs", "--tail", "25", name, check=False)
-            print(f"--- {name}\n{logs.stdout[-2500:]}{logs.stderr[-2500:]}", flush=True)
+            state = podman("inspect", name, "--format", "{{.State.Status}}, exit code {{.State.ExitCode}}",
+                           check=False).stdout.strip()
+            print(f"--- {name} ({state})\n{logs.stdout[-2500:]}{logs.stderr[-2500:]}", flush=True)
         raise
     finally:
         down()

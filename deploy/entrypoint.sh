@@ -53,11 +53,13 @@ case "$role" in
     exec celery -A undolog_site beat --loglevel "${LOG_LEVEL:-INFO}" \
       --schedule "${UNDOLOG_VAR_DIR}/celerybeat-schedule" "$@" ;;
   migrate)
-    exec python manage.py migrate --noinput "$@" ;;
+    # A one-shot job waits for a slow connection instead of failing fast as a server must (its
+    # pool's 2 s suits a request, not a first connection to a PostgreSQL still warming up).
+    DB_POOL_TIMEOUT_MS="${DB_POOL_TIMEOUT_MS:-30000}" exec python manage.py migrate --noinput "$@" ;;
   proxy)
     exec nginx -c /app/deploy/nginx.conf -g 'daemon off;' "$@" ;;
   manage)
-    exec python manage.py "$@" ;;
+    DB_POOL_TIMEOUT_MS="${DB_POOL_TIMEOUT_MS:-30000}" exec python manage.py "$@" ;;
   *)
     echo "unknown role '$role': web, ws, worker, beat, migrate, proxy or manage" >&2
     exit 64 ;;

@@ -16,7 +16,7 @@ IMAGE="${IMAGE:-undolog:latest}"
 BASE="$(sed -n 's/^FROM \([^ ]*\).*/\1/p' deploy/Containerfile | head -1)"
 started=$(date +%s)
 
-command -v podman >/dev/null 2>&1 || deploy/podman-setup.sh
+deploy/podman-setup.sh  # idempotent: installs what is missing, writes containers.conf once
 
 if ! podman image exists "$BASE"; then
   if ! timeout 60 podman pull -q "$BASE" >/dev/null 2>&1; then

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
+from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -762,22 +763,28 @@ class UndoEntry(models.Model):
         announce(self, "undo_entry", from_state, to, name=_loaded(self, "fn_name") or "",
                  session_id=self.session_id, org_id=_org_of_entry(self), step_index=_loaded(self, "step_index"))
 
-    def claim(self, now: Any, lease_until: Any) -> bool:
-        """Take the next attempt. Guarded on the state and attempt count read a moment ago (and on
-        the entry being due, or its lease having run out), so of two workers that read the same
-        row only one changes it: no entry is ever run twice at once."""
+    def claim(self, lease: timedelta) -> bool:
+        """Take the next attempt, held for `lease`. Guarded on the state and attempt count read a
+        moment ago (and on the entry being due, or its lease having run out), so of two workers that
+        read the same row only one changes it: no entry is ever run twice at once.
+
+        Timed by the database's clock, never the claimer's: a worker whose clock runs ahead would
+        take over a claim that is still live, and one running behind would hand out a lease that
+        has already run out for everyone else (the nemesis's clock fault)."""
         rows = UndoEntry.objects.filter(pk=self.pk, state=self.state, attempts=self.attempts)
         if self.state == self.State.RUNNING:
-            rows = rows.filter(models.Q(lease_until__isnull=True) | models.Q(lease_until__lte=now))
+            rows = rows.filter(models.Q(lease_until__isnull=True) | models.Q(lease_until__lte=Now()))
         else:
-            rows = rows.filter(models.Q(next_attempt_at__isnull=True) | models.Q(next_attempt_at__lte=now))
+            rows = rows.filter(models.Q(next_attempt_at__isnull=True) | models.Q(next_attempt_at__lte=Now()))
         number = self.attempts + 1
-        if rows.update(state=self.State.RUNNING, attempts=number, claimed_at=now, lease_until=lease_until,
-                       next_attempt_at=None, updated=now) != 1:
+        lease_until = models.ExpressionWrapper(Now() + lease, output_field=models.DateTimeField())
+        if rows.update(state=self.State.RUNNING, attempts=number, claimed_at=Now(), lease_until=lease_until,
+                       next_attempt_at=None, updated=Now()) != 1:
             return False
         self.announce(self.state, self.State.RUNNING)
-        self.state, self.attempts, self.claimed_at, self.lease_until = self.State.RUNNING, number, now, lease_until
-        self.next_attempt_at = None
+        self.state, self.attempts, self.next_attempt_at = self.State.RUNNING, number, None
+        self.claimed_at, self.lease_until, self.updated = (
+            UndoEntry.objects.filter(pk=self.pk).values_list("claimed_at", "lease_until", "updated").get())
         return True
 
     def render(self, effect: Effect) -> None:

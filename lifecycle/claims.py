@@ -102,7 +102,7 @@ def claim(agent: Agent, limit: int, lease_s: int) -> list[UndoEntry]:
         with transaction.atomic():
             if stalled and not entry.retries_left:
                 continue  # the walk escalates it (its lease ran out with no retries left)
-            if not entry.claim(now, now + timedelta(seconds=lease_s)):
+            if not entry.claim(timedelta(seconds=lease_s)):
                 continue  # another claimer got there first
             if stalled:
                 undo._log_lost(entry, lost, since, now)

@@ -275,7 +275,8 @@ def _claim(entries: list[UndoEntry], now: datetime) -> list[tuple[UndoEntry, int
     """Step 4: the entries claimed, with the attempt number each now holds."""
     if not entries:
         return []
-    leases = [now + timedelta(milliseconds=entry.fn.timeout_ms, seconds=settings.UNDOLOG_UNDO_STALL_S)
+    # Leased by the database's clock, as UndoEntry.claim is (see there why).
+    leases = [timedelta(milliseconds=entry.fn.timeout_ms, seconds=settings.UNDOLOG_UNDO_STALL_S)
               for entry in entries]
     rows = _rows(_CLAIM, {"now": now, "entries": [entry.pk for entry in entries],
                           "attempts": [entry.attempts for entry in entries], "leases": leases,
@@ -283,13 +284,13 @@ def _claim(entries: list[UndoEntry], now: datetime) -> list[tuple[UndoEntry, int
                           "actor": undo.ACTOR})
     by_id = {row[0]: row[1:] for row in rows}
     claimed = []
-    for entry, lease_until in zip(entries, leases, strict=True):
+    for entry in entries:
         if entry.pk not in by_id:
             continue  # another worker got there first: its walk goes on with the run
-        number, from_state, effect_state = by_id[entry.pk]
+        number, from_state, effect_state, claimed_at, lease_until = by_id[entry.pk]
         entry.announce(entry.state, UndoEntry.State.RUNNING)
         entry.state, entry.attempts, entry.claimed_at, entry.lease_until = (
-            UndoEntry.State.RUNNING, number, now, lease_until)
+            UndoEntry.State.RUNNING, number, claimed_at, lease_until)
         entry.next_attempt_at, entry.updated = None, now
         undo._effect_moved(entry.effect, from_state, Effect.State.COMPENSATING, now, effect_state)
         claimed.append((entry, number))
@@ -368,15 +369,15 @@ _CLAIM = """
 WITH quick AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), wanted AS (
-    SELECT * FROM unnest(%(entries)s::uuid[], %(attempts)s::int[], %(leases)s::timestamptz[], %(effects)s::uuid[])
+    SELECT * FROM unnest(%(entries)s::uuid[], %(attempts)s::int[], %(leases)s::interval[], %(effects)s::uuid[])
         AS w(entry, attempts, lease, effect)
 ), claim AS (
-    UPDATE effects_undoentry u SET state = 'running', attempts = u.attempts + 1, claimed_at = %(now)s,
-        lease_until = w.lease, next_attempt_at = NULL, updated = %(now)s
+    UPDATE effects_undoentry u SET state = 'running', attempts = u.attempts + 1, claimed_at = now(),
+        lease_until = now() + w.lease, next_attempt_at = NULL, updated = %(now)s
     FROM wanted w
     WHERE u.id = w.entry AND u.state = 'pending' AND u.attempts = w.attempts
-      AND (u.next_attempt_at IS NULL OR u.next_attempt_at <= %(now)s)
-    RETURNING u.id, u.attempts, w.effect
+      AND (u.next_attempt_at IS NULL OR u.next_attempt_at <= now())
+    RETURNING u.id, u.attempts, w.effect, u.claimed_at, u.lease_until
 ), locked AS (
     SELECT id, state FROM effects_effect WHERE id IN (SELECT effect FROM claim) ORDER BY id FOR UPDATE
 ), moved AS (
@@ -387,7 +388,7 @@ WITH quick AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
     SELECT id, from_state, 'compensating', %(actor)s, '', %(now)s FROM moved
 )
-SELECT c.id, c.attempts, m.from_state, l.state
+SELECT c.id, c.attempts, m.from_state, l.state, c.claimed_at, c.lease_until
 FROM claim c CROSS JOIN quick LEFT JOIN moved m ON m.id = c.effect LEFT JOIN locked l ON l.id = c.effect
 """
 

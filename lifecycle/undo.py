@@ -64,6 +64,7 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
     stop_at, ran = time.monotonic() + budget, False
     functions: dict[int, CompensationFunction] = {}  # read once per task run: a stack repeats a few
     following: Any = UNREAD  # the next top entry, when recording the last outcome read it already
+    refused = None  # (entry, attempt) whose claim the database refused a moment ago
     while True:
         entry = top_entry(session_id) if following is UNREAD else following
         following = UNREAD
@@ -97,6 +98,12 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
             from lifecycle import claims
 
             return claims.wait_for_claimer(entry, now)  # the agent side runs it; the walk waits in order
+        if refused == (entry.pk, entry.attempts):
+            # Unchanged since the database refused our claim: not due by its clock, though it is by
+            # ours. Looking again would spin; the sweep enqueues it again once it is due.
+            logger.warning("undo entry %s is not due by the database's clock but is by this worker's: "
+                           "is this host's clock off?", entry.pk)
+            return None
         if entry.state == UndoEntry.State.RUNNING and entry.lease_until and entry.lease_until > now:
             return None
         if entry.state == UndoEntry.State.PENDING and entry.next_attempt_at and entry.next_attempt_at > now:
@@ -105,6 +112,7 @@ def walk(session_id: uuid.UUID | str, *, budget_s: float | None = None) -> datet
             return now
         number = _claim(entry, now)
         if number is None:
+            refused = (entry.pk, entry.attempts)
             continue  # another worker got there first, or the claim escalated; look again
         following = _record(entry, number, handlers.run(entry, entry.fn, number))
         ran = True
@@ -170,10 +178,10 @@ def _finish(session_id: uuid.UUID | str) -> None:
 
 def _claim(entry: UndoEntry, now: datetime) -> int | None:
     """Step 5: the attempt number we hold, or None."""
-    lease_until = now + timedelta(milliseconds=entry.fn.timeout_ms, seconds=settings.UNDOLOG_UNDO_STALL_S)
+    lease = timedelta(milliseconds=entry.fn.timeout_ms, seconds=settings.UNDOLOG_UNDO_STALL_S)
     stalled = entry.state == UndoEntry.State.RUNNING
     if not stalled and fastpath.available():
-        return _claim_at_once(entry, now, lease_until)
+        return _claim_at_once(entry, now, lease)
     lost, lost_since = entry.attempts, entry.claimed_at
     with transaction.atomic():
         if stalled and not entry.retries_left:
@@ -182,7 +190,7 @@ def _claim(entry: UndoEntry, now: datetime) -> int | None:
                 _log_lost(entry, lost, lost_since, now)
                 _escalate(entry, LOST_ERROR)
             return None
-        if not entry.claim(now, lease_until):
+        if not entry.claim(lease):
             return None
         if stalled:
             _log_lost(entry, lost, lost_since, now)
@@ -253,11 +261,11 @@ _CLAIM = """
 WITH quick AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), claim AS (
-    UPDATE effects_undoentry SET state = 'running', attempts = attempts + 1, claimed_at = %(now)s,
-        lease_until = %(lease)s, next_attempt_at = NULL, updated = %(now)s
+    UPDATE effects_undoentry SET state = 'running', attempts = attempts + 1, claimed_at = now(),
+        lease_until = now() + %(lease)s, next_attempt_at = NULL, updated = %(now)s
     WHERE id = %(entry)s AND state = 'pending' AND attempts = %(attempts)s
-      AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
-    RETURNING attempts
+      AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+    RETURNING attempts, claimed_at, lease_until
 ), locked AS (
     SELECT id, state FROM effects_effect WHERE id = %(effect)s FOR UPDATE
 ), moved AS (
@@ -269,6 +277,7 @@ WITH quick AS (
     SELECT %(effect)s, from_state, 'compensating', %(actor)s, '', %(now)s FROM moved
 )
 SELECT (SELECT attempts FROM claim), (SELECT from_state FROM moved), (SELECT state FROM locked),
+       (SELECT claimed_at FROM claim), (SELECT lease_until FROM claim),
        (SELECT 1 FROM quick)  -- referenced, or PostgreSQL would never run it
 """
 
@@ -305,14 +314,16 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
 """
 
 
-def _claim_at_once(entry: UndoEntry, now: datetime, lease_until: datetime) -> int | None:
-    row = fastpath.execute(_CLAIM, {"now": now, "lease": lease_until, "entry": entry.pk, "attempts": entry.attempts,
+def _claim_at_once(entry: UndoEntry, now: datetime, lease: timedelta) -> int | None:
+    # Claimed and leased by the database's clock, as UndoEntry.claim is (see there why).
+    row = fastpath.execute(_CLAIM, {"now": now, "lease": lease, "entry": entry.pk, "attempts": entry.attempts,
                                     "effect": entry.effect_id, "started": list(Effect.STARTED), "actor": ACTOR})
-    number, from_state, effect_state = row[:3] if row else (None, None, None)
+    number, from_state, effect_state, claimed_at, lease_until = row[:5] if row else (None,) * 5
     if number is None:
         return None  # another worker got there first, or it is not due yet
     entry.announce(entry.state, UndoEntry.State.RUNNING)
-    entry.state, entry.attempts, entry.claimed_at, entry.lease_until = UndoEntry.State.RUNNING, number, now, lease_until
+    entry.state, entry.attempts, entry.claimed_at, entry.lease_until = (
+        UndoEntry.State.RUNNING, number, claimed_at, lease_until)
     entry.next_attempt_at, entry.updated = None, now
     _effect_moved(entry.effect, from_state, Effect.State.COMPENSATING, now, effect_state)
     return number

@@ -4,6 +4,7 @@ walks that some worker is moving are left alone (eager mode; the worker tests do
 from __future__ import annotations
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.conf import settings as django_settings
@@ -33,7 +34,9 @@ def age(session_id: str, seconds: float = 120) -> None:
 def claimed_by_a_dead_worker(entry: UndoEntry, *, lease_left_s: float = -1) -> None:
     """What a worker leaves behind when it dies mid-attempt: a running claim and its lease."""
     now = timezone.now()
-    assert entry.claim(now - timedelta(seconds=60), now + timedelta(seconds=lease_left_s))
+    assert entry.claim(timedelta(seconds=30))
+    UndoEntry.objects.filter(pk=entry.pk).update(claimed_at=now - timedelta(seconds=60),
+                                                 lease_until=now + timedelta(seconds=lease_left_s))
     Effect.objects.get(pk=entry.effect_id).start_compensating("undo-walk")
 
 
@@ -61,6 +64,39 @@ def test_it_leaves_a_live_claim_alone(stack_of, receiver):
     assert undo.due_sessions() == []
     assert undo.walk(stack.session_id) is None
     assert receiver.log == [] and stack.entry(0).state == "running"
+
+
+def test_a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_claim(stack_of, receiver):
+    # The nemesis's clock fault: leases are the database's, so a worker 90 s ahead (here: this
+    # process's clock, the only thing faked) sees an expired lease that is still live.
+    stack = stack_of(1)
+    compensating(stack)
+    claimed_by_a_dead_worker(stack.entry(0), lease_left_s=30)
+    ahead = timezone.now() + timedelta(seconds=90)
+
+    with mock.patch("django.utils.timezone.now", return_value=ahead):
+        assert undo.walk(stack.session_id) is None
+
+    entry = stack.entry(0)
+    assert receiver.log == [] and (entry.state, entry.attempts) == ("running", 1)
+
+
+@pytest.mark.parametrize("claimer", ["walk", "entry"])  # the walk's claim (one statement on PostgreSQL); the model's
+def test_a_claimer_whose_clock_runs_behind_still_gets_a_live_lease(stack_of, claimer):
+    stack = stack_of(1)
+    compensating(stack)
+    entry = stack.entry(0)
+    lease = timedelta(milliseconds=entry.fn.timeout_ms, seconds=django_settings.UNDOLOG_UNDO_STALL_S)
+    behind = timezone.now() - timedelta(seconds=90)
+
+    with mock.patch("django.utils.timezone.now", return_value=behind):
+        assert (undo._claim(entry, behind) == 1) if claimer == "walk" else entry.claim(lease)
+
+    entry = stack.entry(0)
+    assert entry.state == "running"
+    # Counted from the database's now, not from the claimer's 90 s in the past: others see it live.
+    assert abs(entry.lease_until - (timezone.now() + lease)) < timedelta(seconds=5)
+    assert abs(entry.claimed_at - timezone.now()) < timedelta(seconds=5)
 
 
 def test_it_escalates_a_stalled_claim_that_used_the_last_attempt(acme, stack_of, receiver):
@@ -138,7 +174,7 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_its_result(stack_of):
     slow = stack.entry(0)
     claimed_by_a_dead_worker(slow)  # attempt 1, its lease already ran out
     taker = stack.entry(0)
-    assert taker.claim(timezone.now(), timezone.now() + timedelta(seconds=30))  # attempt 2
+    assert taker.claim(timedelta(seconds=30))  # attempt 2
 
     undo._record(slow, 1, handlers.Result(ok=True, permanent=False, error="", duration_ms=5, status_code=200))
 
@@ -150,10 +186,9 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_its_result(stack_of):
 def test_two_workers_reading_the_same_entry_cannot_both_claim_it(stack_of):
     stack = stack_of(1)
     first, second = stack.entry(0), stack.entry(0)
-    now = timezone.now()
 
-    assert first.claim(now, now + timedelta(seconds=30))
-    assert not second.claim(now, now + timedelta(seconds=30))
+    assert first.claim(timedelta(seconds=30))
+    assert not second.claim(timedelta(seconds=30))
     assert stack.entry(0).attempts == 1
 
 
