@@ -169,6 +169,22 @@ def eventually(check, timeout: float, what: str, every: float = 0.5):
         time.sleep(every)
 
 
+_said_at = [0.0]
+
+
+def migrate_finished(since: float) -> bool:
+    """Whether the one-shot migrate has ended; every minute until then, what each container is doing
+    (a start that hangs shows here as containers still `created`, with nothing in their logs)."""
+    if state_of(container("migrate"))["Status"] in ("exited", "stopped"):
+        return True
+    if time.monotonic() - _said_at[0] > 60:
+        _said_at[0] = time.monotonic()
+        states = podman("ps", "-a", "--format", "{{.Names}}={{.Status}}", "--filter",
+                        f"label=io.podman.compose.project={PROJECT}", check=False).stdout.split("\n")
+        log(f"{time.monotonic() - since:.0f} s after up, migrate still running: {', '.join(filter(None, states))}")
+    return False
+
+
 def container(service: str, n: int = 1) -> str:
     return f"{PROJECT}_{service}_{n}"
 
@@ -331,8 +347,7 @@ def main() -> int:
         up_at = time.monotonic()
         compose(env, "up", "-d")
         # Podman without systemd may leave an exited container "stopped" until its cleanup runs.
-        eventually(lambda: state_of(container("migrate"))["Status"] in ("exited", "stopped"), HEALTHY_WITHIN_S,
-                   "migrate to finish")
+        eventually(lambda: migrate_finished(up_at), HEALTHY_WITHIN_S, "migrate to finish")
         assert state_of(container("migrate"))["ExitCode"] == 0, podman("logs", container("migrate")).stderr[-3000:]
         servers = [container("web", 1), container("web", 2), container("ws"), container("proxy"),
                    container("worker", 1), container("worker", 2), container("beat")]
