@@ -200,24 +200,31 @@ class RunView:
                  for _, source in taint.sources_of(v)]
         if not found:
             return True
-        named = self._named_reads(addresses(inputs))
+        addressed = addresses(inputs)
+        if not addressed:  # the user named no address: no read was named
+            return False
+        named = self._named_reads({source.step_index for source in found}, addressed)
         return all(named.get(source.step_index) == source.tool for source in found)
 
-    def _named_reads(self, addressed: set[str]) -> dict[int, str]:
-        """{step: tool} of the run's earlier calls whose args name an address the user gave."""
+    def _named_reads(self, steps: set[int], addressed: set[str]) -> dict[int, str]:
+        """{step: tool} of the run's earlier calls at `steps` (one query, for the steps not asked
+        before) whose args name an address the user gave; "" for any other step."""
         if self._named is None:
             self._named = {}
-            if addressed:
-                rows = [*SafeCall.objects.filter(session_id=self.session.pk, step_index__lt=self.step_index)
-                        .values_list("step_index", "tool_name", "args"),
-                        *Effect.objects.filter(session_id=self.session.pk, step_index__lt=self.step_index)
-                        .values_list("step_index", "tool_name", "args")]
-                steps: dict[int, list[tuple[str, Any]]] = {}
-                for step, tool, args in rows:
-                    steps.setdefault(step, []).append((tool, args))
-                # One call a step: two rows at one step (a SAFE call and an effect) is unclear, not named.
-                self._named = {step: calls[0][0] for step, calls in steps.items()
-                               if len(calls) == 1 and addresses(calls[0][1]) & addressed}
+        missing = {step for step in steps if step not in self._named and step < self.step_index}
+        if missing:
+            fields = ("step_index", "tool_name", "args")
+            rows = (SafeCall.objects.filter(session_id=self.session.pk, step_index__in=missing)
+                    .order_by().values_list(*fields)
+                    .union(Effect.objects.filter(session_id=self.session.pk, step_index__in=missing)
+                           .order_by().values_list(*fields), all=True))
+            calls: dict[int, list[tuple[str, Any]]] = {}
+            for step, tool, args in rows:
+                calls.setdefault(step, []).append((tool, args))
+            for step in missing:
+                found = calls.get(step, [])
+                # One call a step: none, or two rows at one step (a SAFE call and an effect), is unclear.
+                self._named[step] = found[0][0] if len(found) == 1 and addresses(found[0][1]) & addressed else ""
         return self._named
 
     def window(self, span: Any) -> dict[str, Any]:
