@@ -1,14 +1,16 @@
 """What a run-aware rule costs an intercept, beside a plain rule (issue 25's goal: at most +0.3 ms p50).
 
 In one process, as bench/hotpath.py (the production WSGI stack through Django's test client, the
-real PostgreSQL), two orgs alike but for their one `require` rule: *plain* reads only the call
-(`args.to.endsWith(...)`), *run-aware* is the recommended `tainted(args) && !requested(args)`.
-Each request is the irreversible call of a fresh run (its `inputs` the user's request) that
-reports, with the call, an untrusted read of a channel named by a plain word whose text carries
-the recipient: both rules hold the call, so both orgs do the same writes, and the run-aware rule
+real PostgreSQL), three orgs alike but for their one `require` rule: *plain* reads only the call
+(`args.to.endsWith(...)`), *run-aware* is the recommended `tainted(args) && !requested(args)`, and
+*tainted only* (`tainted(args)` alone) splits the difference between the two functions. Each
+request is the irreversible call of a fresh run (its `inputs` the user's request) that reports,
+with the call, an untrusted read of a channel named by a plain word whose text carries the
+recipient: every rule holds the call, so every org does the same writes, and the run-aware rule
 takes its longest path (`tainted()` finds the token, `requested()` finds the user's word in an
 argument and traces the token to a read the user did not name: its queries all run). Rounds
-alternate between the orgs; the report also counts each request's SQL statements.
+alternate between the orgs; the report also counts each request's SQL statements, and times
+`rules.decide` alone (wall and CPU), where the difference is not lost in the request's noise.
 
     python -m bench.run_aware [--requests 1000]
 """
@@ -31,6 +33,7 @@ INPUTS = {"prompt": "Summarize the article Bob posted in the 'general' channel (
                      "and send it to Alice"}
 RULES = {
     "plain rule": "tool.name == 'send_message' && args.to.endsWith('@evil-mail.io')",
+    "tainted only": 'tool.tier in ["compensable", "irreversible"] && tainted(args)',
     "run-aware rule": 'tool.tier in ["compensable", "irreversible"] && tainted(args) && !requested(args)',
 }
 
@@ -41,7 +44,7 @@ def prepare(name: str, condition: str):
     from approvals.rules import Rule
     from effects.models import Tool
 
-    bench = bench_org(f"bench-runaware-{name.split()[0]}")
+    bench = bench_org(f"bench-runaware-{name.replace(' ', '-')}")
     Tool.objects.create(org=bench.org, name="read_channel", tier="safe", labels=["untrusted"],
                         untrusted_fields=["body"])
     Tool.objects.create(org=bench.org, name="send_message", tier="irreversible", approval_reason="Read at once")
@@ -64,7 +67,7 @@ def held_call(client, agent: str):
         started = time.perf_counter()
         answer = client.post(f"/api/v1/sessions/{session}/intercept", body, content_type="application/json")
         op.wall = (time.perf_counter() - started) * 1000
-        assert answer.json()["approval"]["decided_by"] is None, answer.content  # held by the rule, both orgs
+        assert answer.json()["approval"]["decided_by"] is None, answer.content  # held by the rule, every org
         return answer.status_code
 
     op.__name__ = "held_call"
@@ -103,17 +106,22 @@ def main(argv: list[str] | None = None) -> dict:
     # its run's fingerprints and calls read each time): the difference, without the rest's noise.
     decisions = {name: deciding(name) for name in ops}
     times: dict[str, list[float]] = {name: [] for name in ops}
+    cpu = dict.fromkeys(ops, 0.0)
     for _ in range(ROUNDS):
         for name, decide in decisions.items():
+            cpu_start = time.process_time()
             for _ in range(args.requests // ROUNDS):
                 started = time.perf_counter()
                 decide()
                 times[name].append((time.perf_counter() - started) * 1000)
+            cpu[name] += (time.process_time() - cpu_start) * 1000
     for name, found in times.items():
         found.sort()
         summary[name]["decide_p50"] = statistics.median(found)
+        summary[name]["decide_cpu"] = cpu[name] / len(found)
         print(f"  {name:15} rules.decide p50 {summary[name]['decide_p50']:6.3f} ms "
-              f"p99 {found[int(0.99 * (len(found) - 1))]:6.3f} ms")
+              f"p99 {found[int(0.99 * (len(found) - 1))]:6.3f} ms, cpu {summary[name]['decide_cpu']:6.3f} ms "
+              f"(the rest is waiting on PostgreSQL)")
     added = summary["run-aware rule"]["decide_p50"] - summary["plain rule"]["decide_p50"]
     print(f"  run-aware adds {added:+.3f} ms p50 to deciding (goal: <= +0.3 ms)")
     return summary
@@ -123,7 +131,7 @@ def deciding(name: str):
     from approvals import rules
     from effects.models import Effect
 
-    effect = (Effect.objects.filter(org__slug=f"bench-runaware-{name.split()[0]}").select_related(
+    effect = (Effect.objects.filter(org__slug=f"bench-runaware-{name.replace(' ', '-')}").select_related(
         "session__agent", "session__org", "tool").latest("created"))
     session, agent, org = effect.session, effect.session.agent, effect.session.org
 
