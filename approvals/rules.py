@@ -110,7 +110,7 @@ def _check_functions(source: str, program: Any) -> None:
 def reads_of(source: str, program: Any) -> frozenset[str]:
     """What of the run a condition reads beyond its counters (each costs a query or more)."""
     functions = set(program.functions())
-    reads = {name for name in ("tainted", "window") if name in functions}
+    reads = {name for name in ("tainted", "requested", "window") if name in functions}
     if _READS_CALLS.search(source):
         reads.add("calls")
     if _READS_INPUTS.search(source):

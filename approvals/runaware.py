@@ -7,6 +7,15 @@
   hit is kept for the approval's `why`: which argument, which token, from which step and tool.
 - `window("24h").count(tool)` / `.sum(tool, "arg")`: the agent's approved or committed calls of
   `tool` in the last duration (`90s`, `30m`, `24h`, `7d`), this call excluded.
+- `requested(args)`: the call is what the user asked for. At least one argument wholly is a value
+  the user gave (its words appear, in order, in the run's `inputs`: "invite Dora" gives `Dora`), and
+  every tainted token in the other arguments came only from reads the user named by an address
+  (a URL, email address, file name or id that appears in the inputs: "her e-mail is on
+  www.dora-website.com" names the `get_webpage` of that URL, so the address read there is what the
+  user sent the agent to fetch). A plain word never names a read ("the channel general" does not
+  vouch for what general contains); a tainted token also seen in any read the user did not name,
+  a run past its fingerprint bound, a source step with no call: false. Nothing is kept for `why`
+  (the `tainted(args)` beside it says which argument came from where).
 - Helpers over text: `emails(text)`, `urls(text)`, `hosts(text)` (lists, lowercased), `lower(text)`,
   `domain(email_or_url)`.
 
@@ -23,9 +32,10 @@ from typing import Any
 from effects import outputs
 from effects.models import Effect, SafeCall, Tier, Tool
 
-FUNCTIONS = frozenset({"tainted", "window", "count", "sum", "emails", "urls", "hosts", "lower", "domain"})
+FUNCTIONS = frozenset({"tainted", "requested", "window", "count", "sum", "emails", "urls", "hosts", "lower",
+                       "domain"})
 # A free call of these with nothing to work on is a mistake the compiler cannot see (`tainted()`).
-NEEDS_ARGUMENT = ("tainted", "window", "emails", "urls", "hosts", "lower", "domain")
+NEEDS_ARGUMENT = ("tainted", "requested", "window", "emails", "urls", "hosts", "lower", "domain")
 _DURATION = re.compile(r"^\s*(\d{1,6})\s*(s|m|h|d)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_WINDOW = timedelta(days=90)
@@ -64,6 +74,54 @@ def domain(text: Any) -> str:
     return found[0] if found else ""
 
 
+# A file name: a name, a dot, an extension that starts with a letter ("report-q3.pdf"); a bare host
+# (the common top-level domains). Neither may go on ("dora.com.evil.example" names neither).
+_END = r"(?![\w-]|\.\w)"
+_FILE = re.compile(r"(?<![\w.@/-])[a-z0-9_][a-z0-9_.-]*\.[a-z][a-z0-9]{0,4}" + _END)
+_BARE_HOST = re.compile(outputs._HOST.pattern + _END)
+
+
+def _address(text: str) -> str:
+    """An address as compared: no scheme, no leading `www.`, no trailing slash or punctuation."""
+    text = re.sub(r"^https?://", "", text.rstrip(outputs._TRAILING)).removeprefix("www.")
+    return text.rstrip("/")
+
+
+def addresses(value: Any) -> set[str]:
+    """The addresses inside a JSON value (lowercased): email addresses and URLs whole, then in the
+    rest bare hosts, file names and ids (a run of >= 8 letters and digits mixed, or >= 6 digits);
+    never a plain word, never a host or id inside a URL or address (it names only itself)."""
+    found: set[str] = set()
+    for text in outputs.strings_in(value):
+        rest = text.lower()
+        for pattern in (outputs._EMAIL, outputs._URL):
+            found.update(_address(m) for m in pattern.findall(rest))
+            rest = pattern.sub(" ", rest)
+        found.update(_address(m.group(0)) for m in _BARE_HOST.finditer(rest))
+        found.update(_address(m.group(0)) for m in _FILE.finditer(rest))
+        found.update(r for r in outputs._ALNUM.findall(rest) if not r.isdigit() and not r.isalpha())
+        found.update(outputs._DIGITS.findall(rest))
+    found.discard("")
+    return found
+
+
+def _words(text: str) -> str:
+    return " ".join(outputs._WORD.findall(text.lower()))
+
+
+def _given(value: Any, said: list[str]) -> bool:
+    """`value` wholly is something the user said: a string or number whose words appear in order in
+    one of the inputs' strings (at least 4 characters of them), or a list of such values."""
+    if isinstance(value, list):
+        return bool(value) and all(_given(v, said) for v in value)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return False
+    words = _words(str(value))
+    if len(words) < outputs.MIN_WHOLE:
+        return False
+    return any(f" {words} " in text for text in said)
+
+
 class RunView:
     """The run as one call's conditions see it: built lazily, each part at most once.
 
@@ -78,6 +136,7 @@ class RunView:
         self._taint: outputs.RunTaint | None = None
         self._windows: dict[tuple, Any] = {}
         self.hits: list[dict[str, Any]] = []
+        self._named: dict[int, str] | None = None
 
     # ------------------------------------------------------------ variables
 
@@ -98,8 +157,8 @@ class RunView:
     # ------------------------------------------------------------ functions
 
     def functions(self) -> dict[str, Any]:
-        return {"tainted": self.tainted, "window": self.window, "count": self.count, "sum": self.sum,
-                "emails": emails, "urls": urls, "hosts": hosts, "lower": lambda t: str(t).lower(),
+        return {"tainted": self.tainted, "requested": self.requested, "window": self.window, "count": self.count,
+                "sum": self.sum, "emails": emails, "urls": urls, "hosts": hosts, "lower": lambda t: str(t).lower(),
                 "domain": domain}
 
     def taint(self) -> outputs.RunTaint:
@@ -118,6 +177,55 @@ class RunView:
             found = [{**hit, "arg": self._arg_of.get(hit["token"], hit["arg"])} for hit in found]
         self.hits.extend(found)
         return bool(found)
+
+    def requested(self, value: Any) -> bool:
+        """See the module docstring. `value` a map: its entries are the arguments; else it is the one.
+        Never raises: an error inside a condition is no match, and `!requested(...)` must then hold."""
+        try:
+            return self._requested(value)
+        except Exception:
+            return False
+
+    def _requested(self, value: Any) -> bool:
+        arguments = list(value.values()) if isinstance(value, dict) else [value]
+        inputs = self.session.inputs
+        said = [f" {_words(text)} " for text in outputs.strings_in(inputs)]
+        given = [_given(v, said) for v in arguments]
+        if not any(given):
+            return False
+        taint = self.taint()
+        if taint.full:
+            return False
+        found = [source for v, ok in zip(arguments, given, strict=True) if not ok
+                 for _, source in taint.sources_of(v)]
+        if not found:
+            return True
+        addressed = addresses(inputs)
+        if not addressed:  # the user named no address: no read was named
+            return False
+        named = self._named_reads({source.step_index for source in found}, addressed)
+        return all(named.get(source.step_index) == source.tool for source in found)
+
+    def _named_reads(self, steps: set[int], addressed: set[str]) -> dict[int, str]:
+        """{step: tool} of the run's earlier calls at `steps` (one query, for the steps not asked
+        before) whose args name an address the user gave; "" for any other step."""
+        if self._named is None:
+            self._named = {}
+        missing = {step for step in steps if step not in self._named and step < self.step_index}
+        if missing:
+            fields = ("step_index", "tool_name", "args")
+            rows = (SafeCall.objects.filter(session_id=self.session.pk, step_index__in=missing)
+                    .order_by().values_list(*fields)
+                    .union(Effect.objects.filter(session_id=self.session.pk, step_index__in=missing)
+                           .order_by().values_list(*fields), all=True))
+            calls: dict[int, list[tuple[str, Any]]] = {}
+            for step, tool, args in rows:
+                calls.setdefault(step, []).append((tool, args))
+            for step in missing:
+                found = calls.get(step, [])
+                # One call a step: none, or two rows at one step (a SAFE call and an effect), is unclear.
+                self._named[step] = found[0][0] if len(found) == 1 and addresses(found[0][1]) & addressed else ""
+        return self._named
 
     def window(self, span: Any) -> dict[str, Any]:
         return {"window_s": int(duration(span).total_seconds())}

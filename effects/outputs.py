@@ -211,6 +211,9 @@ class RunTaint:
     token not vouched for before it, up to (not including) `before_step`."""
 
     sources: dict[int, Source] = field(default_factory=dict)
+    # Every untrusted sighting of each such token, not only the first (`requested()` asks whether
+    # all of them came from reads the user named).
+    sightings: dict[int, list[Source]] = field(default_factory=dict)
     full: bool = False
     full_source: Source | None = None
 
@@ -227,8 +230,10 @@ class RunTaint:
                 continue
             vouched.update(row.vouched)
             for fp in row.tainted:
-                if fp not in vouched and fp not in taint.sources:
-                    taint.sources[fp] = Source(row.step_index, row.tool_name)
+                if fp not in vouched:
+                    source = Source(row.step_index, row.tool_name)
+                    taint.sources.setdefault(fp, source)
+                    taint.sightings.setdefault(fp, []).append(source)
         return taint
 
     def hits(self, value: Any, path: str = "") -> list[dict[str, Any]]:
@@ -243,6 +248,16 @@ class RunTaint:
                     found.append({"arg": where, "token": token, "from_step": source.step_index,
                                   "from_tool": source.tool})
                     break
+        return found
+
+
+    def sources_of(self, value: Any) -> list[tuple[str, Source]]:
+        """Every tainted token inside `value` (not only each string's first) with each of its
+        untrusted sightings: [(token, source)]."""
+        found = []
+        for text in strings_in(value):
+            for token in tokens_of(text):
+                found.extend((token, source) for source in self.sightings.get(fingerprint(token), ()))
         return found
 
 
