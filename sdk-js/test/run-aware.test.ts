@@ -9,7 +9,7 @@ import { describe, it } from "node:test";
 import { Agent, run, setTracingDisabled } from "@openai/agents";
 import { generateText, stepCountIs, tool } from "ai";
 import { z } from "zod";
-import { ApprovalRejected, ToolDefinitionError, ToolSpec, undologTool } from "../src/index.js";
+import { ApprovalRejected, ApprovalWaitTimeout, ToolDefinitionError, ToolSpec, undologTool } from "../src/index.js";
 import { wrapTools } from "../src/ai.js";
 import { functionTool } from "../src/openai-agents.js";
 import { ADMIN_TOKEN, REVIEWER_TOKEN, api, newAgent, reviewer } from "./helpers.js";
@@ -93,6 +93,25 @@ describe("run-aware policy", () => {
     assert.deepEqual(await decided, expectedWhy(rule, 0, "read_inbox"));
     assert.ok(refused instanceof ApprovalRejected);
     assert.deepEqual(ran, ["ana@example.com"]);
+  });
+
+  it("it reports the output of a read the run calls through run.call too", async () => {
+    const { name, client, rule } = await guarded();
+    const readInbox = undologTool({ name: "read_inbox", ...READ }, async () => MAIL);
+    const sendMail = undologTool({ name: "send_mail", ...SEND }, async ({ to }: { to: string }) => ({ sent: to }));
+    await client.register(readInbox, sendMail);
+    const waited = await client.session({ approvalTimeout: 2 }, async (run) => {
+      await run.call(readInbox, {});
+      try {
+        await sendMail({ to: ATTACKER });
+      } catch (error) {
+        return error;
+      }
+      return undefined;
+    });
+    assert.ok(waited instanceof ApprovalWaitTimeout, String(waited)); // held: nobody decided in 2 s
+    const [request] = await reviewer.pending(name);
+    assert.deepEqual(await whyOf(request!), expectedWhy(rule, 0, "read_inbox"));
   });
 
   it("it lets the same send through when the user's inputs named the address", async () => {
