@@ -365,12 +365,23 @@ def approvals_of(org: Organization) -> QuerySet[ApprovalRequest]:
     return ApprovalRequest.objects.for_org(org).select_related("session__agent", "effect")
 
 
+def tool_labels(org_id: Any, names: set[str]) -> dict[str, list[str]]:
+    """The labels of the org's tools by name (as registered now: a tool registered again with
+    other labels shows those). One query, none for no names."""
+    if not names:
+        return {}
+    rows = Tool.objects.filter(org_id=org_id, name__in=names).values_list("name", "labels")
+    return {name: list(labels) for name, labels in rows if labels}
+
+
 def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
-    """The request, its args as readable JSON, the agent's context as a timeline, the effect's
-    history. One query beyond the request itself (two once it is decided: the next pending one)."""
+    """The request, its args as readable JSON, the agent's context as a timeline (each call's
+    tier with its tool's labels), the effect's history. Two queries beyond the request itself
+    (three once it is decided: the next pending one)."""
     context = approval.agent_context or {}
     reasoning = {step["step_index"]: step["text"] for step in context.get("reasoning", [])}
-    calls = [{**call, "reasoning": reasoning.pop(call["step_index"], ""),
+    labels = tool_labels(approval.org_id, {call["tool"] for call in context.get("calls", [])} | {approval.tool_name})
+    calls = [{**call, "reasoning": reasoning.pop(call["step_index"], ""), "labels": labels.get(call["tool"], []),
               "args_json": json.dumps(call.get("args") or {}, sort_keys=True, ensure_ascii=False)}
              for call in context.get("calls", [])]
     current = approval.effect.step_index
@@ -384,6 +395,7 @@ def approval_context(approval: ApprovalRequest) -> dict[str, Any]:
         "approved_args_json": None if approval.effect.approved_args is None else
         json.dumps(approval.effect.approved_args, indent=2, sort_keys=True, ensure_ascii=False),
         "calls": calls,
+        "tool_labels": labels.get(approval.tool_name, []),
         "earlier_reasoning": earlier,
         "current_reasoning": current_reasoning,
         "history": list(EffectTransition.objects.filter(effect_id=approval.effect_id)),
@@ -484,11 +496,13 @@ class TimelineItem:
     approval: ApprovalRequest | None = None
     refusal: Refusal | None = None
     reasoning: str = ""
+    labels: list[str] = field(default_factory=list)  # the tool's, beside its tier
 
 
 def session_context(session: Session) -> dict[str, Any]:
     """The timeline (effects with their transitions, SAFE calls, refusals in place), the undo
-    stack with attempts, the session's state history and its budget bars. Eight queries."""
+    stack with attempts, the session's state history, its budget bars, and (one query) the
+    labels of the tools it called."""
     effects = list(Effect.objects.for_session(session).order_by("-step_index", "-created")[:TIMELINE_LIMIT])
     ids = [effect.pk for effect in effects]
     transitions: dict[Any, list[EffectTransition]] = defaultdict(list)
@@ -508,6 +522,10 @@ def session_context(session: Session) -> dict[str, Any]:
                            error=r.reason, refusal=r)
               for r in Refusal.objects.filter(org_id=session.org_id, session_id=session.pk)
               .exclude(kind=Refusal.Kind.APPROVAL)[:TIMELINE_LIMIT]]
+    labels = tool_labels(session.org_id, {item.tool for item in items if item.kind != "refusal"})
+    for item in items:
+        if item.kind != "refusal":
+            item.labels = labels.get(item.tool, [])
     # A rejected or expired approval also writes a refusal row; the effect line already says it.
     order = {"safe": 0, "effect": 1, "refusal": 2}
     items.sort(key=lambda item: (item.step_index, order[item.kind], item.at))

@@ -366,15 +366,18 @@ def _may_hold(rule: CompiledRule) -> bool:
 
 
 def _compensable_names(org_id: Any) -> set[str]:
+    """The names and labels of the org's compensable tools: a rule naming either names them."""
     from effects.models import Tier, Tool
 
-    return set(Tool.objects.filter(org_id=org_id, tier=Tier.COMPENSABLE).values_list("name", flat=True))
+    rows = Tool.objects.filter(org_id=org_id, tier=Tier.COMPENSABLE).values_list("name", "labels")
+    return {name for name, _ in rows} | {label for _, labels in rows for label in labels or ()}
 
 
 def names_compensable(rule: CompiledRule, compensable: set[str]) -> bool:
     """An enforcing require or deny rule that names compensable calls: by its `tool`, by a
-    compensable tool's name in its condition, or by the word "compensable" (`tool.tier ==
-    "compensable"`). Such a rule makes the org's compensable calls go through the rules."""
+    compensable tool's name or label in its condition (`"external" in tool.labels`), or by the
+    word "compensable" (`tool.tier == "compensable"`). Such a rule makes the org's compensable
+    calls go through the rules (a label an irreversible tool shares only costs the fast path)."""
     if not _may_hold(rule):
         return False
     if rule.tool:
@@ -393,6 +396,7 @@ def rules_see_compensable(org_id: Any, tools: dict[str, Any]) -> bool:
     """The fast path's reading of `sees_compensable`, from the rows (its config cache has the tools
     and is stamped with the same `config_version` as the rules)."""
     compensable = {name for name, tool in tools.items() if tool.tier == "compensable"}
+    compensable |= {label for tool in tools.values() if tool.tier == "compensable" for label in tool.labels or ()}
     rows = Rule.objects.filter(org_id=org_id, mode=Rule.Mode.ENFORCE,
                                outcome__in=[Rule.Outcome.REQUIRE, Rule.Outcome.DENY]).select_related("reviewer_group")
     return any(names_compensable(c, compensable) for c in map(compiled, rows) if c is not None)

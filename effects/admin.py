@@ -101,7 +101,7 @@ class CompensationFunctionAdmin(admin.ModelAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(admin.ModelAdmin):
-    list_display = ["name", "tier", "cost_weight", "irreversible", "compensation_fn", "org"]
+    list_display = ["name", "tier", "labels", "cost_weight", "irreversible", "compensation_fn", "org"]
     list_filter = ["tier", "irreversible", "org"]
     list_select_related = ["org", "compensation_fn"]
     search_fields = ["name", "description", "compensation_fn__fn_name", "org__slug"]

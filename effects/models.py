@@ -205,11 +205,21 @@ class Tool(models.Model):
             raise ValidationError({"compensation_fn": "The compensation function belongs to another organization."})
         if self.tier == Tier.IRREVERSIBLE and not self.approval_reason.strip():
             raise ValidationError({"approval_reason": "An irreversible tool needs a reason."})
+        # The registration API's limits (effects/api.py): rules read these as lists of strings.
+        if not _strings(self.labels, 16, 40):
+            raise ValidationError({"labels": 'A list of at most 16 strings of 1 to 40 characters, e.g. ["untrusted"].'})
+        if not _strings(self.untrusted_fields, 100, 200):
+            raise ValidationError({"untrusted_fields": 'A list of at most 100 keys, e.g. ["subject", "body"].'})
 
     def save(self, *args, **kwargs) -> None:
         if self.irreversible is None:
             self.irreversible = self.tier == Tier.IRREVERSIBLE
         super().save(*args, **kwargs)
+
+
+def _strings(value: Any, most: int, longest: int) -> bool:
+    return (isinstance(value, list) and len(value) <= most
+            and all(isinstance(item, str) and 0 < len(item) <= longest for item in value))
 
 
 class Session(models.Model):

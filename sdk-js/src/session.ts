@@ -257,8 +257,14 @@ export class Session {
   async call<A extends ToolArgs>(tool: DeclaredTool<A> & { fn: (args: A) => unknown }, args: A,
     options?: CallOptions): Promise<unknown> {
     if (tool.spec.tier === "safe") {
-      this._recordSafe(tool.spec.name, args);
-      return await tool.fn(args);
+      if (!tool.spec.untrusted) {
+        this._recordSafe(tool.spec.name, args);
+        return await tool.fn(args);
+      }
+      const step = this._nextStep();
+      const output = await tool.fn(args);
+      this._recordSafe(tool.spec.name, args, step, output);
+      return output;
     }
     return (await this._callTool(tool, args, async (use) => await tool.fn(use as A), options)).result;
   }

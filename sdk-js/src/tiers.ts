@@ -55,8 +55,18 @@ export interface ToolDeclaration {
   annotations?: ToolAnnotations;
   /** A server-side executor: the worker runs the approved call, never this process. */
   executor?: Record<string, unknown>;
-  /** Free labels (`"untrusted"`, `"private"`...); needs a server that takes tool labels. */
+  /**
+   * Free labels (`"untrusted"`, `"private"`, `"external"`...: at most 16, each 1 to 40
+   * characters) that rules read as `tool.labels`. A safe tool labelled `"untrusted"` reports
+   * what it returned with the next request, so a `tainted(args)` rule sees a later call that
+   * carries a string others wrote (the server keeps fingerprints, not the text).
+   */
   labels?: readonly string[];
+  /** The keys of an untrusted tool's output that others wrote (wherever they occur); the rest
+   * of the output vouches. Without them the whole output is untrusted. Sent as `untrusted_fields`. */
+  untrustedFields?: readonly string[];
+  /** The wire's spelling of `untrustedFields`, taken too. */
+  untrusted_fields?: readonly string[];
   /** The argument names, when known: templates naming another one throw at definition. */
   parameters?: readonly string[];
 }
@@ -76,6 +86,7 @@ export class ToolSpec {
   readonly annotations: ToolAnnotations | undefined;
   readonly executor: Record<string, unknown> | undefined;
   readonly labels: readonly string[];
+  readonly untrustedFields: readonly string[];
 
   constructor(declaration: ToolDeclaration) {
     this.name = declaration.name;
@@ -87,7 +98,8 @@ export class ToolSpec {
     this.approval = declaration.approval;
     this.annotations = declaration.annotations;
     this.executor = declaration.executor;
-    this.labels = [...(declaration.labels ?? [])];
+    this.labels = copied(declaration.labels);
+    this.untrustedFields = copied(declaration.untrustedFields ?? declaration.untrusted_fields);
     check(this, declaration.parameters);
     Object.freeze(this);
   }
@@ -106,6 +118,7 @@ export class ToolSpec {
     if (this.annotations && Object.keys(this.annotations).length) body["annotations"] = { ...this.annotations };
     if (this.executor) body["executor"] = { ...this.executor };
     if (this.labels.length) body["labels"] = [...this.labels];
+    if (this.untrustedFields.length) body["untrusted_fields"] = [...this.untrustedFields];
     return body;
   }
 }
@@ -130,6 +143,13 @@ function approvalDict(a: ApprovalSpec): Record<string, unknown> {
   return body;
 }
 
+/** A copy of a list option; anything else is kept as given, for `check` to refuse (a string
+ * spread would pass as a list of one-letter labels). */
+function copied(value: readonly string[] | undefined): readonly string[] {
+  if (value === undefined) return [];
+  return Array.isArray(value) ? [...value] : value;
+}
+
 /** Reject combinations the server would refuse, at declaration time. */
 function check(spec: ToolSpec, parameters: readonly string[] | undefined): void {
   const fail = (what: string): never => {
@@ -149,6 +169,13 @@ function check(spec: ToolSpec, parameters: readonly string[] | undefined): void 
   if (spec.tier === "safe" && spec.irreversible) fail("a safe tool cannot count as irreversible");
   if (spec.tier === "irreversible" && spec.irreversible === false) {
     fail("an irreversible tool always counts as irreversible");
+  }
+  if (!Array.isArray(spec.labels) || spec.labels.length > 16
+    || spec.labels.some((label) => typeof label !== "string" || label.length < 1 || label.length > 40)) {
+    fail("labels are at most 16 strings of 1 to 40 characters");
+  }
+  if (!Array.isArray(spec.untrustedFields) || spec.untrustedFields.some((key) => typeof key !== "string" || !key)) {
+    fail("untrustedFields are the non-empty keys of the output that others wrote");
   }
   if (spec.compensation) {
     const c = spec.compensation;

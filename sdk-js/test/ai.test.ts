@@ -4,51 +4,11 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { type ModelMessage, generateText, stepCountIs, tool } from "ai";
-import { MockLanguageModelV3 } from "ai/test";
 import { z } from "zod";
 import { ToolDefinitionError } from "../src/index.js";
 import { decisions, wrapTool, wrapTools } from "../src/ai.js";
 import { ADMIN_TOKEN, api, newAgent, reviewer, setBudget } from "./helpers.js";
-
-type Prompt = { role: string; content: unknown }[];
-type Step = { call: string; input: Record<string, unknown> }[] | string;
-
-/** A model that plays `steps` in order (tool calls, or a final text) and keeps every prompt it read. */
-export function scriptedModel(steps: Step[]) {
-  const prompts: Prompt[] = [];
-  let n = 0;
-  const usage = { inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
-    outputTokens: { total: 1, text: 1, reasoning: 0 } };
-  const model = new MockLanguageModelV3({
-    doGenerate: async (options) => {
-      prompts.push(options.prompt as Prompt);
-      const step = steps[n++] ?? "done";
-      if (typeof step === "string") {
-        return { content: [{ type: "text", text: step }], finishReason: { unified: "stop", raw: "stop" }, usage, warnings: [] };
-      }
-      return {
-        content: step.map((c, i) => ({ type: "tool-call" as const, toolCallId: `call-${n}-${i}`, toolName: c.call,
-          input: JSON.stringify(c.input) })),
-        finishReason: { unified: "tool-calls", raw: "tool_calls" }, usage, warnings: [],
-      };
-    },
-  });
-  return { model, prompts };
-}
-
-/** The tool results the model read in a prompt: [toolName, what it read]. */
-export function toolResults(prompt: Prompt | undefined): [string, unknown][] {
-  const out: [string, unknown][] = [];
-  for (const message of prompt ?? []) {
-    if (message.role !== "tool") continue;
-    for (const part of message.content as Record<string, any>[]) {
-      if (part["type"] !== "tool-result") continue;
-      const output = part["output"] as Record<string, any>;
-      out.push([part["toolName"], output["type"] === "execution-denied" ? output["reason"] : output["value"]]);
-    }
-  }
-  return out;
-}
+import { scriptedModel, toolResults } from "./models.js";
 
 function cleanupTools(ran: string[]) {
   return {

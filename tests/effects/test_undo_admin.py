@@ -3,6 +3,8 @@ use, and each function's recent attempts and failure rate."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.utils import timezone
 
@@ -130,3 +132,38 @@ def test_a_tool_cannot_point_at_another_orgs_function(staff, stack, outsider):
     assert response.status_code == 200
     assert "another organization" in response.content.decode()
     assert Tool.objects.get(pk=tool.pk).compensation_fn.org_id == tool.org_id
+
+
+def tool_form(tool: Tool, **changes: str) -> dict:
+    return {"org": str(tool.org_id), "name": tool.name, "tier": tool.tier, "description": "", "cost_weight": "1",
+            "irreversible": "", "annotations": "{}", "labels": "[]", "untrusted_fields": "[]",
+            "compensation_fn": str(tool.compensation_fn_id or ""), "compensation_args": "{}", "max_retries": "3",
+            "retry_backoff_ms": "1000", "approval_reason": tool.approval_reason, "risk_tags": "[]",
+            "estimated_impact": "", "executor_url": "", "executor_timeout_ms": "10000", "approvals_required": "1",
+            **changes}
+
+
+def test_an_operator_labels_a_tool_in_the_admin_and_the_list_shows_it(staff, stack):
+    tool = Tool.objects.get(name="send_email")
+
+    response = staff.post(f"/admin/effects/tool/{tool.pk}/change/",
+                          tool_form(tool, labels='["external", "mail"]', untrusted_fields='["body"]'))
+
+    assert response.status_code == 302, response.content.decode()
+    tool.refresh_from_db()
+    assert (tool.labels, tool.untrusted_fields) == (["external", "mail"], ["body"])
+    assert "external" in staff.get("/admin/effects/tool/").content.decode()
+
+
+BAD_LABELS = ['"untrusted"', "[1, 2]", '[""]', json.dumps(["x" * 41]), json.dumps(["l"] * 17)]
+
+
+@pytest.mark.parametrize("labels", BAD_LABELS)
+def test_the_admin_refuses_labels_that_are_not_a_short_list_of_short_strings(staff, stack, labels):
+    tool = Tool.objects.get(name="send_email")
+
+    response = staff.post(f"/admin/effects/tool/{tool.pk}/change/", tool_form(tool, labels=labels))
+
+    assert response.status_code == 200
+    assert "at most 16 strings" in response.content.decode()
+    assert Tool.objects.get(pk=tool.pk).labels == []

@@ -49,7 +49,7 @@ from ..errors import (
     refusal_as_tool_result,
 )
 from ..mcp import spec_for
-from ..session import Session
+from ..session import _NO_OUTPUT, Session
 from ..tiers import ApprovalSpec, ToolSpec, ToolTier
 from .config import GatewayConfig, ServerConfig
 from .upstream import Upstream, UpstreamToolError, result_value
@@ -226,8 +226,10 @@ class Run:
         self.opened = self.session.state in ("running", "awaiting_approval")
         return self.opened
 
-    def record_safe(self, tool: str, args: dict[str, Any]) -> None:
-        self.session._record_safe(tool, args)
+    def record_safe(self, tool: str, args: dict[str, Any], output: Any = _NO_OUTPUT) -> None:
+        """``output``: what a tool labelled ``untrusted`` answered (its fingerprints feed
+        ``tainted()`` on the server, which keeps no text)."""
+        self.session._record_safe(tool, args, output)
         if self.handle and self.gateway.background is not None and not self._flushing:
             # The run's next request may reach another replica, or none: report it now.
             self._flushing = True
@@ -507,7 +509,8 @@ class Gateway:
            this client does not own, refuses the call (nothing runs).
         3. A meta-tool ends the run (finish, or fail and roll back).
         4. A run a reviewer or the server ended refuses every call.
-        5. SAFE: forwarded at once, reported with the next request (a handle run's: right after).
+        5. SAFE: forwarded at once, reported with the next request (a handle run's: right after);
+           a tool labelled ``untrusted`` reports what it answered too (``output``).
         6. Otherwise the SDK's flow: intercept; compensable runs upstream and commits its result
            (or fails with its error); irreversible waits for the reviewer, sending progress, up
            to ``approval_wait_s``; a replay returns the committed result without running.
@@ -535,7 +538,11 @@ class Gateway:
         upstream = self.upstreams[route.server]
         if route.declared.safe:
             result = await upstream.call(route.upstream_name, args)
-            run.record_safe(route.exposed, args)
+            if route.declared.spec.reports_output:
+                # What the model reads, errors included: an error's text may carry others' words.
+                run.record_safe(route.exposed, args, result_value(result))
+            else:
+                run.record_safe(route.exposed, args)
             return result
         ran: dict[str, Any] = {}
 

@@ -62,7 +62,9 @@ def options_for(declaration: Declaration, **overrides: Any) -> dict[str, Any]:
 def _spec_options(spec: ToolSpec) -> dict[str, Any]:
     options: dict[str, Any] = {"tier": spec.tier, "cost_weight": spec.cost_weight,
                                "compensation": spec.compensation, "irreversible": spec.irreversible,
-                               "annotations": spec.annotations or None, "executor": spec.executor}
+                               "annotations": spec.annotations or None, "executor": spec.executor,
+                               "labels": spec.labels or None,
+                               "untrusted_fields": spec.untrusted_fields or None}
     if spec.approval is not None:
         options.update(reason=spec.approval.reason, risk_tags=spec.approval.risk_tags,
                        estimated_impact=spec.approval.estimated_impact,
@@ -119,6 +121,8 @@ def call(tool: DeclaredTool, args: dict[str, Any], run: Run,
     if session is None:
         return Outcome(run(args))
     if tool.safe:
+        if tool.spec.reports_output:
+            return Outcome(_reported(session, tool, args, run(args)))
         session._record_safe(tool.name, args)
         return Outcome(run(args))
     seen: dict[str, Any] = {}
@@ -141,6 +145,8 @@ async def acall(tool: DeclaredTool, args: dict[str, Any],
     if session is None:
         return Outcome(await run(args))
     if tool.safe:
+        if tool.spec.reports_output:
+            return Outcome(_reported(session, tool, args, await run(args)))
         session._record_safe(tool.name, args)
         return Outcome(await run(args))
     seen: dict[str, Any] = {}
@@ -153,6 +159,26 @@ async def acall(tool: DeclaredTool, args: dict[str, Any],
             return _outcome(await session._adrive(flow, _with(run, args)), seen)
         finally:
             _HOLDING.reset(token)
+
+
+def _reported(session: Session, tool: DeclaredTool, args: dict[str, Any], output: Any) -> Any:
+    """A SAFE read of an ``untrusted`` tool: its output rides with the next request, where
+    the server keeps its fingerprints for ``tainted()`` (never the text). A read that raised
+    is not reported: there is no output whose text could reach a later call.
+
+    A framework may have turned a tool's dict into its JSON text (LangChain's ToolMessage):
+    for a tool naming ``untrusted_fields`` that text is parsed back, or the server could not
+    find the fields in it."""
+    reported = output
+    if tool.spec.untrusted_fields and isinstance(output, str):
+        try:
+            parsed = json.loads(output)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, (dict, list)):
+            reported = parsed
+    session._record_safe(tool.name, args, reported)
+    return output
 
 
 def _with(run: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Callable[..., Any]:

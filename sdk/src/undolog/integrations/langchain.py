@@ -245,8 +245,10 @@ def wrap_tool(tool: BaseTool | Callable[..., Any], tier: ToolTier | str | None =
               declaration: Mapping[str, Any] | None = None, hold: str = "auto",
               **options: Any) -> UndologTool:
     """``tool`` with an undolog tier. ``options`` are ``@undolog_tool``'s: ``compensation``
-    (COMPENSABLE), ``reason`` (IRREVERSIBLE), ``cost_weight``... or pass them all as
-    ``declaration``. Mistakes raise ``ValueError`` here, as with ``@undolog_tool``.
+    (COMPENSABLE), ``reason`` (IRREVERSIBLE), ``cost_weight``, ``labels`` and
+    ``untrusted_fields`` (run-aware rules: the output of a SAFE tool labelled ``untrusted`` is
+    reported, so ``tainted()`` sees what it carried)... or pass them all as ``declaration``.
+    Mistakes raise ``ValueError`` here, as with ``@undolog_tool``.
     """
     if hold not in _HOLD_MODES:
         raise ValueError(f"hold must be one of {_HOLD_MODES}")

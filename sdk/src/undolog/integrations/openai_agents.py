@@ -74,8 +74,9 @@ def wrap_function_tool(tool: FunctionTool, tier: ToolTier | str | None = None, *
                        declaration: Mapping[str, Any] | None = None, hold: str = "await",
                        **options: Any) -> FunctionTool:
     """A copy of ``tool`` with an undolog tier. ``options`` are ``@undolog_tool``'s
-    (``compensation``, ``reason``, ``cost_weight``...), or pass them all as
-    ``declaration``. Mistakes raise ``ValueError`` here, as with ``@undolog_tool``."""
+    (``compensation``, ``reason``, ``cost_weight``, ``labels``, ``untrusted_fields``...), or
+    pass them all as ``declaration``. A SAFE tool labelled ``untrusted`` reports its output.
+    Mistakes raise ``ValueError`` here, as with ``@undolog_tool``."""
     if not isinstance(tool, FunctionTool):
         raise TypeError(f"not a FunctionTool (decorate it with @function_tool): {tool!r}")
     if getattr(tool, "undolog_spec", None) is not None:
