@@ -25,9 +25,12 @@ that reads none of them costs the intercept nothing more.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timedelta
 from typing import Any
+
+from django.db import connection
 
 from effects import outputs
 from effects.models import Effect, SafeCall, Tier, Tool
@@ -213,13 +216,8 @@ class RunView:
             self._named = {}
         missing = {step for step in steps if step not in self._named and step < self.step_index}
         if missing:
-            fields = ("step_index", "tool_name", "args")
-            rows = (SafeCall.objects.filter(session_id=self.session.pk, step_index__in=missing)
-                    .order_by().values_list(*fields)
-                    .union(Effect.objects.filter(session_id=self.session.pk, step_index__in=missing)
-                           .order_by().values_list(*fields), all=True))
             calls: dict[int, list[tuple[str, Any]]] = {}
-            for step, tool, args in rows:
+            for step, tool, args in _calls_at(self.session.pk, sorted(missing)):
                 calls.setdefault(step, []).append((tool, args))
             for step in missing:
                 found = calls.get(step, [])
@@ -254,3 +252,23 @@ class RunView:
             self._windows[key] = [approved if approved is not None else args
                                   for args, approved in rows.values_list("args", "approved_args")]
         return self._windows[key]
+
+
+def _calls_at(session_id: Any, steps: list[int]) -> list[tuple[int, str, Any]]:
+    """(step, tool, args) of a run's SAFE calls and effects at `steps`: one statement, written out
+    (the ORM's UNION cost ~1 ms of CPU to compile, six times the query; this is on the intercept)."""
+    quote = connection.ops.quote_name
+    session = Effect._meta.get_field("session").target_field.get_db_prep_value(session_id, connection)
+    marks = ", ".join(["%s"] * len(steps))
+    selects = []
+    for model in (SafeCall, Effect):
+        column = {name: quote(model._meta.get_field(name).column) for name in ("session", "step_index", "tool_name",
+                                                                                  "args")}
+        selects.append(f"SELECT {column['step_index']}, {column['tool_name']}, {column['args']} "
+                       f"FROM {quote(model._meta.db_table)} WHERE {column['session']} = %s "
+                       f"AND {column['step_index']} IN ({marks})")
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(selects), [session, *steps, session, *steps])
+        rows = cursor.fetchall()
+    # JSON comes back as text on both backends (Django loads jsonb as text and parses it in the field).
+    return [(step, tool, json.loads(args) if isinstance(args, str | bytes) else args) for step, tool, args in rows]
