@@ -151,7 +151,9 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
             return _decide(db, key, config, limits, tool, call, session_id, signature)
     except _ConfigMoved:
         # Reloaded now (after the rollback), so that the next call is fast again at once.
-        fastpath.OrgConfig.of(key.org_id).limits_for(key.org_id, key.agent_id)
+        fresh = fastpath.OrgConfig.of(key.org_id)
+        if fresh is not None:
+            fresh.limits_for(key.org_id, key.agent_id)
         return None
     except (_StepAside, IntegrityError, psycopg.IntegrityError):
         return None  # rolled back; a duplicate that won the race on the signature replays there
