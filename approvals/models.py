@@ -171,21 +171,34 @@ class ApprovalRequest(models.Model):
                  observations: list[dict[str, Any]] | None = None,
                  why: list[dict[str, Any]] | None = None) -> ApprovalRequest:
         """Create the request in the intercept transaction (deadline: tool, else org)."""
+        return cls.objects.create(**cls.values_for(effect, tool, session, context,
+                                                   approvals_required=approvals_required, rule=rule,
+                                                   reviewer_group=reviewer_group, observations=observations,
+                                                   why=why))
+
+    @staticmethod
+    def values_for(effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
+                   approvals_required: int = 1, rule: str = "", reviewer_group: Any = None,
+                   observations: list[dict[str, Any]] | None = None,
+                   why: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The new request's fields (`open_for` saves them; the fast approval path writes them in its
+        one statement, lifecycle/fastapproval.py)."""
         org = session.org
         timeout_s = tool.approval_timeout_s or org.approval_timeout_s
         auto = tool.auto_approve_on_timeout
-        return cls.objects.create(
-            approvals_required=approvals_required, rule=rule, rule_observations=observations or [], why=why or [],
-            reviewer_group_id=reviewer_group.id if reviewer_group else None,
-            reviewer_group_name=reviewer_group.name if reviewer_group else "",
-            org=org, effect=effect, session=session, tool_name=tool.name,
-            reason=tool.approval_reason or next((w["message"] for w in why or [] if w.get("message")), ""),
-            risk_tags=tool.risk_tags,
-            estimated_impact=render_text(tool.estimated_impact, effect.args),
-            proposed_args=effect.args, args_digest=effect.args_digest, agent_context=context,
-            timeout_at=timezone.now() + timedelta(seconds=timeout_s),
-            auto_approve_on_timeout=org.auto_approve_on_timeout if auto is None else auto,
-        )
+        return {
+            "approvals_required": approvals_required, "rule": rule, "rule_observations": observations or [],
+            "why": why or [],
+            "reviewer_group_id": reviewer_group.id if reviewer_group else None,
+            "reviewer_group_name": reviewer_group.name if reviewer_group else "",
+            "org": org, "effect": effect, "session": session, "tool_name": tool.name,
+            "reason": tool.approval_reason or next((w["message"] for w in why or [] if w.get("message")), ""),
+            "risk_tags": tool.risk_tags,
+            "estimated_impact": render_text(tool.estimated_impact, effect.args),
+            "proposed_args": effect.args, "args_digest": effect.args_digest, "agent_context": context,
+            "timeout_at": timezone.now() + timedelta(seconds=timeout_s),
+            "auto_approve_on_timeout": org.auto_approve_on_timeout if auto is None else auto,
+        }
 
     # ------------------------------------------------------------ reading
 
@@ -288,8 +301,7 @@ class ApprovalRequest(models.Model):
             self._approved(effect, self.session.agent, **extra)
 
     def approve_by_grant(self, grant: Grant, effect: Effect) -> None:
-        why = f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
-        self.approve_at_once(effect, grant.label, why, grant=str(grant.pk))
+        self.approve_at_once(effect, grant.label, grant_reason(grant), grant=str(grant.pk))
 
     def _edit(self, args: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """Edit before approving: the edited args (None if unchanged) and the digest the decision
@@ -593,6 +605,11 @@ def _depth(value: Any, level: int = 1) -> int:
         return level  # deep enough to refuse; stop walking
     children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
     return max((_depth(child, level + 1) for child in children if isinstance(child, (dict, list))), default=level)
+
+
+def grant_reason(grant: Any) -> str:
+    """The decision reason of a call a grant approved (`grant` a Grant, or a row read like one)."""
+    return f"Granted by {grant.created_by_label}" + (f": {grant.reason}" if grant.reason else "")
 
 
 def _label(by) -> str:

@@ -74,7 +74,26 @@ def bench_org(slug: str, *, all_tiers: bool = False) -> BenchOrg:
     if all_tiers:
         Tool.objects.create(org=org, name="delete_account", tier="irreversible", approval_reason="For good")
         Tool.objects.create(org=org, name="list_accounts", tier="safe", cost_weight="0.01")
+        decided_at_once(org, agent)
     return BenchOrg(org, agent, key, send)
+
+
+def decided_at_once(org, agent) -> None:
+    """Irreversible tools decided at the intercept (issue 26): `refund`, which the approve rule
+    `small` decides up to an amount of 50, and `archive_account`, granted to the agent for a day."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.models import Grant, Rule
+    from effects.models import Tool
+
+    Tool.objects.create(org=org, name="refund", tier="irreversible", approval_reason="Money leaves")
+    Tool.objects.create(org=org, name="archive_account", tier="irreversible", approval_reason="For good")
+    Rule.add(org, {"name": "small", "condition": "args.amount <= 50", "outcome": "approve",
+                   "message": "small refunds are fine"}, "bench")
+    Grant.objects.create(org=org, agent=agent, tool_name="archive_account", created_by_label="bench",
+                         expires_at=timezone.now() + timedelta(days=1))
 
 
 def free_port() -> int:

@@ -86,6 +86,48 @@ class Kinds:
                           {"tool": "delete_account", "step_index": step, "args": {"account_id": step}}).status_code
 
 
+    def fresh_sessions(self, count: int) -> None:
+        """Sessions made before the clock starts: a held call holds its session, so each irreversible
+        call gets one of its own (the same for every kind), and making it is not the call's cost."""
+        from effects.models import Session
+        from orgs.models import Agent
+
+        agent = Agent.objects.get(name=self.agent, org__slug="bench-hot")
+        self.fresh = [str(s.pk) for s in Session.objects.bulk_create(
+            Session(org_id=agent.org_id, agent=agent) for _ in range(count))]
+
+    def _irreversible(self, tool: str, args: dict) -> int:
+        session = self.fresh.pop()
+        step = next(self.steps)
+        return self._post(f"/api/v1/sessions/{session}/intercept",
+                          {"tool": tool, "step_index": step, "args": args}).status_code
+
+    def by_rule(self) -> int:
+        return self._irreversible("refund", {"amount": 10, "order": next(self.steps)})
+
+    def by_grant(self) -> int:
+        return self._irreversible("archive_account", {"account_id": next(self.steps)})
+
+    def held(self) -> int:
+        return self._irreversible("refund", {"amount": 500, "order": next(self.steps)})
+
+    @staticmethod
+    def by_pipeline(op: Callable[[], int]) -> Callable[[], int]:
+        """`op` with the fast approval path off (lifecycle/fastapproval.py): the pipeline answers, as
+        before issue 26, in the same run."""
+        from lifecycle import fastapproval
+
+        def slow() -> int:
+            fast, fastapproval.intercept = fastapproval.intercept, lambda *args: None
+            try:
+                return op()
+            finally:
+                fastapproval.intercept = fast
+
+        slow.__name__ = f"{op.__name__} (pipeline)"
+        return slow
+
+
 ROUNDS = 5
 
 
@@ -141,11 +183,20 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = Kinds(*prepare())
     for _ in range(200):  # warm the pool, the caches and the planner
         kinds.baseline(), kinds.intercept(), kinds.commit(), kinds.replay()
+    kinds.fresh_sessions(int(args.requests * 2.5) + 2000)
+    for _ in range(30):
+        kinds.by_rule(), kinds.by_grant(), kinds.held()
     # (name, request, its status, share of --requests): commits pop what intercepts pushed.
     plan = [("baseline INSERT", kinds.baseline, 201, 1), ("compensable intercept", kinds.intercept, 201, 1),
             ("commit", kinds.commit, 200, 1), ("replay", kinds.replay, 200, 1),
             ("intercept + 1 SAFE", kinds.intercept_with_safe, 201, 1),
-            ("irreversible intercept", kinds.irreversible, 202, 0.2)]
+            ("irreversible intercept", kinds.irreversible, 202, 0.2),
+            ("irreversible by rule", kinds.by_rule, 202, 0.3), ("irreversible by grant", kinds.by_grant, 201, 0.3),
+            ("irreversible held", kinds.held, 202, 0.3),
+            ("by rule, pipeline", kinds.by_pipeline(kinds.by_rule), 202, 0.2),
+            ("by grant, pipeline", kinds.by_pipeline(kinds.by_grant), 201, 0.2),
+            ("held, pipeline", kinds.by_pipeline(kinds.held), 202, 0.2)]
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (a shared machine: compare ratios)")
     print(f"in-process WSGI stack, PostgreSQL, {args.requests} requests per kind in {ROUNDS} alternating rounds "
           "(wall ms, CPU ms, SQL)")
     results = measure_all(plan, args.requests)
@@ -158,15 +209,19 @@ def main(argv: list[str] | None = None) -> dict:
             for sql in r["sql"]:
                 print(f"      {sql[:160]}")
     if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(500):
-            kinds.intercept()
-        profiler.disable()
-        print("  top costs of the compensable intercept (own time, 500 calls):")
-        stats = pstats.Stats(profiler)
-        stats.sort_stats("tottime").print_stats(12)
-        stats.sort_stats("cumulative").print_stats(45)
+        for name, op, calls in (("the compensable intercept", kinds.intercept, 500),
+                                ("the irreversible intercept an approve rule decides", kinds.by_rule, 300),
+                                ("the same, by the pipeline", kinds.by_pipeline(kinds.by_rule), 300)):
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(calls):
+                op()
+            profiler.disable()
+            print(f"  top costs of {name} (own time, {calls} calls):")
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("tottime").print_stats(12)
+            if op is kinds.intercept:
+                stats.sort_stats("cumulative").print_stats(45)
     return results
 
 

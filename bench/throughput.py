@@ -65,6 +65,12 @@ function request()
     return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers,
       '{"tool":"delete_account","step_index":1,"args":{"account_id":"' .. n .. '"}}')
   end
+  if kind == "rule" or kind == "grant" then
+    item = items[n - offset * 10000000 - %(round)d * 1000000 + (offset - 1) * math.floor(#items / %(threads)d)]
+    local call = kind == "rule" and '{"tool":"refund","step_index":1,"args":{"amount":10,"order":"' .. n .. '"}}'
+      or '{"tool":"archive_account","step_index":1,"args":{"account_id":"' .. n .. '"}}'
+    return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers, call)
+  end
 end
 """
 
@@ -90,6 +96,10 @@ def prepare(commits: int, irreversible: int) -> dict:
         UndoEntry(session_id=e.session_id, effect=e, step_index=e.step_index, fn=fn, fn_name=fn.fn_name,
                   fn_version=fn.fn_version, args={"to": e.args["to"]}) for e in effects)
     fresh = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(irreversible))
+    # Irreversible calls an approve rule or a grant decides at once (issue 26): a fresh session
+    # each too, so that every kind of irreversible call meets the same run.
+    by_rule = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(irreversible))
+    by_grant = Session.objects.bulk_create(Session(org=org, agent=agent) for _ in range(irreversible))
     # SAFE calls of earlier runs, as a deployment has: analyzed empty, effects_safecall would give
     # the fast path's prepared statements a plan made for no rows, which then scans the rows the
     # bench adds (autovacuum, off on some machines, would have re-analyzed it by now).
@@ -98,7 +108,8 @@ def prepare(commits: int, irreversible: int) -> dict:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return {"key": key, "running": [str(s.id) for s in running], "effects": [str(e.id) for e in effects],
-            "fresh": [str(s.id) for s in fresh]}
+            "fresh": [str(s.id) for s in fresh], "rule": [str(s.id) for s in by_rule],
+            "grant": [str(s.id) for s in by_grant]}
 
 
 def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, connections: int,
@@ -108,7 +119,7 @@ def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, c
     var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
     var.mkdir(exist_ok=True)
     items_file, script = var / f"bench-wrk-{kind}.txt", var / f"bench-wrk-{kind}.lua"
-    if kind in ("commit", "irreversible"):
+    if kind in ("commit", "irreversible", "rule", "grant"):
         share = len(items) // slices
         items = items[offset * share:(offset + 1) * share]
     items_file.write_text("\n".join(items) + "\n")
@@ -147,7 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     ensure_wrk()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     setup_django()
-    data = prepare(commits=int(3000 * args.seconds * args.rounds), irreversible=int(600 * args.seconds * args.rounds))
+    data = prepare(commits=int(3000 * args.seconds * args.rounds),
+                   irreversible=int(1200 * args.seconds * (args.rounds + 1)))
     # The replay's call, committed once before the clock starts.
     import httpx
 
@@ -158,8 +170,10 @@ def main(argv: list[str] | None = None) -> dict:
         "tool": "send_email", "step_index": 1, "args": {"to": "replayed@x.io", "subject": "hi"}}).raise_for_status()
     plan = [("compensable intercept", "intercept", data["running"]),
             ("intercept + 1 SAFE", "intercept+safe", data["running"]), ("replay", "replay", [replayed]),
-            ("commit", "commit", data["effects"]), ("irreversible intercept", "irreversible", data["fresh"])]
+            ("commit", "commit", data["effects"]), ("irreversible intercept", "irreversible", data["fresh"]),
+            ("irreversible by rule", "rule", data["rule"]), ("irreversible by grant", "grant", data["grant"])]
     results = {}
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (a shared machine: compare ratios)")
     print(f"gunicorn {args.workers} sync workers · wrk {args.connections} connections · {args.rounds} rounds of "
           f"{args.seconds:g} s each, every round beside its own baseline · PostgreSQL · production settings")
     try:
@@ -173,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
                 base = wrk(server.base, "baseline", data["running"], data["key"], seconds=args.seconds,
                            connections=args.connections)
                 r = wrk(server.base, kind, items, data["key"], seconds=args.seconds, connections=args.connections,
-                        offset=n, slices=args.rounds)
+                        offset=n, slices=args.rounds + (kind != "commit"))  # irreversible: a slice kept for one client
                 rounds.append((r["rate"] / base["rate"], r, base))
             ratio, r, base = sorted(rounds, key=lambda x: x[0])[len(rounds) // 2]
             results[name] = {**r, "ratio": ratio, "baseline": base["rate"]}
@@ -185,6 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
         results["one client"] = alone
         print(f"  one client, compensable intercept: p50 {alone['p50']:.2f} ms  p99 {alone['p99']:.2f} ms "
               f"({alone['rate']:.0f} req/s)")
+        for name, kind in (("irreversible by rule", "rule"), ("irreversible held", "irreversible")):
+            alone = wrk(server.base, kind, data[kind if kind == "rule" else "fresh"], data["key"],
+                        seconds=args.seconds, connections=1, threads=1, offset=args.rounds, slices=args.rounds + 1)
+            results[f"one client, {name}"] = alone
+            print(f"  one client, {name}: p50 {alone['p50']:.2f} ms  p99 {alone['p99']:.2f} ms "
+                  f"({alone['rate']:.0f} req/s)")
     finally:
         server.stop()
     # A sync worker closes the connection after each answer, so the one client above pays a TCP

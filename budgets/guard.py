@@ -121,6 +121,12 @@ def admit(session: Session, tool: Tool, call: Call) -> dict[str, Any] | None:
     return None
 
 
+def exceeds(session: Session, tool: Tool, limits: Limits) -> bool:
+    """Whether the call would break a run limit or a per-tool cap (no query): the fast approval
+    path (lifecycle/fastapproval.py) leaves such a call to `admit`'s refusal in the pipeline."""
+    return _run_exceeded(session, tool, _usage_of(tool), limits) is not None
+
+
 def _run_exceeded(session: Session, tool: Tool, usage: Usage, limits: Limits) -> Exceeded | None:
     for name, counter, _ in RUN_LIMITS:
         cap = limits.values[name]

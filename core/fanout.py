@@ -14,9 +14,10 @@ import asyncio
 import atexit
 import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, NotRequired, TypedDict
 
 from channels.layers import get_channel_layer
@@ -252,3 +253,75 @@ def session_changed(org_id: Any, session_id: Any, change: SessionChange, *, stat
                     step_index: int | None = None) -> None:
     """A run changed (called after its transaction committed): queue a `session.updated`."""
     session_updates.add(org_id, session_id, change, state=state, step_index=step_index)
+
+
+# ---------------------------------------------------------------- after the answer
+
+# Work handed to `after_answer` that has not started by then is left to the outbox's sweeps (a
+# burst past this is a backlog the sweep drains just as well, without growing this process).
+MAX_WAITING = 10_000
+
+
+class AfterAnswer:
+    """Work a request hands off once its transaction committed, run in order on one daemon thread
+    per process, so that the answer does not wait for it: the fast approval path's event fan-out
+    (its channel-layer message, webhook and email rows, Slack's row) and its long-poll wake-up.
+
+    Only work whose loss the outbox already covers comes here: an event row is fanned out by the
+    beat's sweep when the process dies (or this queue is full) first, a delivery row by its own
+    sweep; a dropped wake-up costs a waiter one re-read. The thread's database connection goes
+    back to the pool whenever the queue is empty."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked worker starts its own thread
+        getattr(threading, "_register_atexit", atexit.register)(self.drain)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._waiting = 0  # handed off and not yet done
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def add(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if not settings.UNDOLOG_FANOUT_AFTER_ANSWER:
+            try:  # in the request, as the pipeline's own fan-out
+                fn(*args, **kwargs)
+            except Exception:
+                log.exception("after-answer work %s failed", getattr(fn, "__name__", fn))
+            return
+        if self._queue.qsize() >= MAX_WAITING:
+            log.warning("after-answer queue full: %s left to the outbox's sweeps", getattr(fn, "__name__", fn))
+            return
+        with self._lock:
+            self._waiting += 1
+            self._idle.clear()
+            self._queue.put((fn, args, kwargs))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="after-answer", daemon=True)
+                self._thread.start()
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything handed off so far ran (tests, and at exit); False on timeout."""
+        return self._idle.wait(timeout_s) if self._thread is not None else True
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        while True:
+            fn, args, kwargs = self._queue.get()
+            try:
+                fn(*args, **kwargs)
+            except Exception:  # the work is the outbox's: its sweep retries what failed here
+                log.exception("after-answer work %s failed", getattr(fn, "__name__", fn))
+            if self._queue.empty():
+                connection.close()  # back to the pool (a broken one is discarded)
+            with self._lock:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._idle.set()
+
+
+after_answer = AfterAnswer()

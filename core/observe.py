@@ -13,7 +13,8 @@ from django.http.request import RawPostDataException
 
 from core import metrics, tracing
 
-# The fast path answers only these two (lifecycle/fastpath.py), always for a compensable tool.
+# The compensable fast path answers only these two (lifecycle/fastpath.py); the fast approval path
+# (lifecycle/fastapproval.py) names its tier and decision on the response (`undolog_outcome`).
 _FAST = {201: "execute", 200: "replay"}
 
 
@@ -52,10 +53,11 @@ def _body(response: HttpResponse, parse: bool) -> dict[str, Any]:
 
 
 def _outcome(response: HttpResponse, body: dict[str, Any] | None) -> tuple[str, str, str]:
-    """(tier, decision, path): the fast path answers only for compensable tools, by status; else
-    the body says."""
+    """(tier, decision, path): a fast answer by its status or its `undolog_outcome`; else the body says."""
     if response.get("X-Undolog-Path") == "fast":
-        return "compensable", _FAST.get(response.status_code, "error"), "fast"
+        tier, decision = getattr(response, "undolog_outcome", None) or (
+            "compensable", _FAST.get(response.status_code, "error"))
+        return tier, decision, "fast"
     body = _body(response, parse=False) if body is None else body
     effect = body.get("effect") if isinstance(body.get("effect"), dict) else {}
     decision = body.get("decision") or body.get("error") or str(response.status_code)

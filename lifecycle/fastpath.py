@@ -390,6 +390,10 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     if refused is not None:
         return refused
     tool = config.tools.get(call.tool) if config else None
+    if tool is not None and tool.tier == Tier.IRREVERSIBLE:
+        from lifecycle import fastapproval  # built on this module's statements
+
+        return fastapproval.intercept(key, config, tool, call, session)
     if tool is None or tool.tier != Tier.COMPENSABLE or tool.compensation_fn is None:
         return None
     if config.rules_see_compensable or any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from approvals import notify, rules
-from approvals.models import RULE_PREFIX, ApprovalRequest, Grant
+from approvals.models import RULE_PREFIX, ApprovalRequest, Grant, grant_reason
 from budgets import guard
 from budgets.models import Refusal
 from core.errors import Conflict, DomainError, Invalid, NotFound
@@ -260,23 +260,73 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
     session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
     if rule is not None and rule.outcome == rules.Rule.Outcome.DENY:
         return _deny(agent, session, tool, call, effect, rule)
-    required = quorum_for(agent.org, tool, rule)
-    group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
+    decision = decide(agent.org, tool, verdict,
+                      lambda: Grant.objects.matching(agent.pk, tool.name, session.pk).first())
     approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
-                                        approvals_required=required, rule=rule.name if rule else "",
-                                        reviewer_group=group, observations=verdict.observations(),
-                                        why=verdict.why if rule is not None and rule.outcome != "approve" else [])
-    # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
-    # stands in for a quorum of several people or for the reviewer group a rule names.
-    if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
-        granted = _granted(agent, session, tool, effect, approval)
-        if granted is not None:
-            return granted
-    if rule is not None and rule.outcome == rules.Rule.Outcome.APPROVE:
-        approval.approve_at_once(effect, f"{RULE_PREFIX}{rule.name}", rule.message or f"Approved by rule {rule.name}.")
+                                        **decision.request_fields(verdict))
+    if decision.grant is not None:
+        approval.approve_by_grant(decision.grant, effect)
+        return granted(effect, approval)
+    if decision.by_rule:
+        approval.approve_at_once(effect, *decision.label_and_reason())
     else:
         session.await_approval(actor=f"agent:{agent.name}")
         notify.approval_requested(approval)
+    return awaiting(effect, tool, approval)
+
+
+@dataclass
+class Decision:
+    """How an irreversible call that passed the budget and no deny rule is decided: by a grant
+    (one reviewer's standing approval), by an approve rule, or by people (`approvals_required`
+    of them, from `group` if a require rule names one). The pipeline and the fast approval path
+    (lifecycle/fastapproval.py) both decide with `decide`, so they never disagree."""
+
+    rule: rules.CompiledRule | None
+    approvals_required: int
+    group: Any = None  # rules.GroupRef
+    grant: Any = None  # approvals.models.Grant (or what reads like one: pk, label, created_by_label, reason)
+
+    @property
+    def by_rule(self) -> bool:
+        return self.grant is None and self.rule is not None and self.rule.outcome == rules.Rule.Outcome.APPROVE
+
+    @property
+    def held(self) -> bool:
+        """Waits for a person: the session becomes `awaiting_approval`."""
+        return self.grant is None and not self.by_rule
+
+    def label_and_reason(self) -> tuple[str, str]:
+        """decided_by and the reason of a call decided at once."""
+        if self.grant is not None:
+            return self.grant.label, grant_reason(self.grant)
+        rule = self.rule
+        return f"{RULE_PREFIX}{rule.name}", rule.message or f"Approved by rule {rule.name}."
+
+    def request_fields(self, verdict: rules.Verdict) -> dict[str, Any]:
+        """`ApprovalRequest.open_for`'s keyword arguments for this decision."""
+        rule = self.rule
+        return {"approvals_required": self.approvals_required, "rule": rule.name if rule else "",
+                "reviewer_group": self.group, "observations": verdict.observations(),
+                "why": verdict.why if rule is not None and rule.outcome != "approve" else []}
+
+
+def decide(org: Organization, tool: Tool, verdict: rules.Verdict, find_grant) -> Decision:
+    """The decision for a call no deny rule refused. `find_grant()` (called only when a grant
+    could decide: the pipeline's one indexed query) gives the live grant that matches, or None."""
+    rule = verdict.rule
+    required = quorum_for(org, tool, rule)
+    group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
+    decision = Decision(rule, required, group)
+    # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
+    # stands in for a quorum of several people or for the reviewer group a rule names.
+    if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
+        decision.grant = find_grant()
+    return decision
+
+
+def awaiting(effect: Effect, tool: Tool, approval: ApprovalRequest) -> Answer:
+    """The 202 of a call held for people or decided at once by a rule."""
     effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
     if approval.decision:
         effect_body.update(decision=approval.decision, reason=approval.decision_reason or None)
@@ -316,13 +366,8 @@ def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
                                                    "reason": refusal.reason}}
 
 
-def _granted(agent: Agent, session: Session, tool: Tool, effect: Effect, approval: ApprovalRequest) -> Answer | None:
-    """A live grant of this tool to this agent (for this run, or for a while) decides the call at
-    once. Only calls that would otherwise wait for a person pay this one indexed query."""
-    grant = Grant.objects.matching(agent.pk, tool.name, session.pk).first()
-    if grant is None:
-        return None
-    approval.approve_by_grant(grant, effect)
+def granted(effect: Effect, approval: ApprovalRequest) -> Answer:
+    """The 201 of a call a live grant decided at once (the session keeps running)."""
     view, fields = approval.summary(), approval.caller_fields()
     view.update(decided_by=approval.decided_by_label, decision=approval.decision,
                 reason=approval.decision_reason, decided_args_digest=approval.decided_args_digest)
@@ -468,6 +513,12 @@ def agent_context(session: Session, call: Call, effect: Effect) -> dict[str, Any
     window = session.org.context_window
     effects = list(Effect.objects.for_session(session).exclude(pk=effect.pk).order_by("-step_index")[:window])
     safe = list(SafeCall.objects.filter(session=session).order_by("-step_index")[:window])
+    return context_of(window, effects, safe, call)
+
+
+def context_of(window: int, effects: list[Any], safe: list[Any], call: Call) -> dict[str, Any]:
+    """`agent_context` of the run's last `window` effects and SAFE calls (each newest first, read by
+    the caller: the pipeline with two queries, the fast approval path inside its one read)."""
     calls = [{"step_index": e.step_index, "tool": e.tool_name, "tier": e.tier, "args": e.args,
               "state": e.state, "result": summarise(e.result), "error": e.error or None} for e in effects]
     calls += [{"step_index": s.step_index, "tool": s.tool_name, "tier": Tier.SAFE, "args": s.args,

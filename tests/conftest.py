@@ -123,6 +123,10 @@ def intercept(persona: Persona, session: str, tool: str, args: dict, step: int, 
 def _fast_passwords(settings) -> None:
     # PBKDF2's deliberate slowness would dominate every test that creates a person.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # The fast approval path's fan-out runs in the request, as the pipeline's does: tests read it
+    # the moment the answer is back. tests/approvals/test_fast_approval.py runs it off the request
+    # thread, as servers do (the ones tests start too).
+    settings.UNDOLOG_FANOUT_AFTER_ANSWER = False
 
 
 def eventually(check: Callable[[], Any], timeout: float = 15, every: float = 0.05) -> Any:

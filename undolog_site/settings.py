@@ -347,6 +347,10 @@ UNDOLOG_SLACK_MAX_ATTEMPTS = envint("UNDOLOG_SLACK_MAX_ATTEMPTS", "5")
 # The outbox (approvals/notify.py): an event not fanned out this long after it was recorded
 # (its process died between the commit and the fan-out) is fanned out by the beat's sweep.
 UNDOLOG_OUTBOX_GRACE_S = envint("UNDOLOG_OUTBOX_GRACE_S", "5")
+# The fast approval path's fan-out (lifecycle/fastapproval.py, core.fanout.after_answer): on a
+# thread of its own once the answer is on its way (1), or in the request right after its commit,
+# as the pipeline's (0: in-process tests written before it, which read the fan-out at once).
+UNDOLOG_FANOUT_AFTER_ANSWER = envbool("UNDOLOG_FANOUT_AFTER_ANSWER", "1")
 # Abandoned runs (lifecycle/abandon.py): how often the beat looks for runs silent past their
 # org's (or agent's) run_idle_timeout_s.
 UNDOLOG_ABANDON_SWEEP_S = envint("UNDOLOG_ABANDON_SWEEP_S", "15")

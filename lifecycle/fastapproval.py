@@ -1,0 +1,264 @@
+"""An irreversible call decided at once (an approve rule, a live grant) or held for people, in two
+statements on PostgreSQL (issue 26).
+
+The pipeline (`lifecycle.intercept`) answers such a call with ~15-21 statements, each compiled by
+the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the request. Here:
+
+1. Before any query, from this process's caches (`fastpath.OrgConfig`, the rules' cache, both
+   stamped with the org's `config_version`): the tool is irreversible without an executor, no SAFE
+   call is reported, no daily limit or incident switch applies, and no rule that concerns the call
+   reads more than its args, tool, agent, run counters and clock (`day`, `run.calls`, `tainted()`,
+   `window()`, `run.inputs` each cost a query: the pipeline's).
+2. One read, which locks the session row (FOR UPDATE: the pipeline's lock, so calls of one session
+   still pass one by one): the session, its agent and org, the key's liveness, whether this
+   signature was seen, the oldest live grant of this tool to this agent, and the run's last calls
+   for the agent context.
+3. The pipeline's own decision, in memory: `budgets.guard.admit` (budgets before rules),
+   `approvals.rules.decide`, `lifecycle.intercept.decide` (quorum, reviewer groups, grants), the
+   request's fields (`ApprovalRequest.values_for`) and the answer (`intercept.granted`/`awaiting`).
+4. One write: the session's counters (and `awaiting_approval`, held), the effect, its request,
+   its history rows and the event, in one statement.
+5. After the commit, off the request thread (`core.fanout.after_answer`): the event's fan-out and
+   the long-poll wake-up. The event row is the outbox: a crash before they run delays them to
+   the beat's sweep (`approvals.tasks.sweep_events`); nothing is lost.
+
+Anything else steps aside (None), and the pipeline answers as always: a replay, a session not
+running, an agent suspended, a cap in the way (its refusal is recorded there), a deny rule or an
+observe-mode match, a config version that moved, a lost race on the signature. Stepping aside
+after the read rolls its transaction back: nothing was written.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.http import HttpResponse
+from django.utils import timezone
+
+from approvals import notify, rules
+from approvals.models import GRANT_PREFIX, ApprovalRequest
+from budgets import guard
+from budgets.models import Limits
+from core.fanout import after_answer
+from effects import longpoll
+from effects.models import Effect, Session, Tier, Tool, announce
+from lifecycle import fastpath
+from lifecycle import intercept as pipeline
+from orgs.models import Agent, AgentKey, Event, Organization, RememberedKey, event_recorded
+
+
+class _StepAside(Exception):
+    """The pipeline answers this call: roll back the read's transaction (nothing was written)."""
+
+
+class _ConfigMoved(_StepAside):
+    """The org's tools, budgets or rules changed since this process cached them."""
+
+
+def _columns(model: type) -> tuple[list[str], list[str]]:
+    fields = model._meta.concrete_fields
+    return [f.attname for f in fields], [f.column for f in fields]
+
+
+_SESSION, _AGENT, _ORG = _columns(Session), _columns(Agent), _columns(Organization)
+_CONTEXT = ("step_index", "tool_name", "tier", "args", "state", "result", "error", "reasoning")
+
+
+def _select(alias: str, columns: list[str]) -> str:
+    return ", ".join(f"{alias}.{column}" for column in columns)
+
+
+_READ = f"""
+SELECT {_select('s', _SESSION[1])}, {_select('a', _AGENT[1])}, {_select('o', _ORG[1])},
+    {fastpath._live('k')} AS live,
+    EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s) AS seen,
+    (SELECT jsonb_build_array(g.id, g.created_by_label, g.reason) FROM approvals_grant g
+     WHERE g.agent_id = s.agent_id AND g.tool_name = %(tool)s AND g.revoked_at IS NULL
+       AND (g.expires_at IS NULL OR g.expires_at > now()) AND (g.session_id IS NULL OR g.session_id = s.id)
+     ORDER BY g.created LIMIT 1) AS grant,
+    (SELECT COALESCE(jsonb_agg(jsonb_build_array({_select('e', list(_CONTEXT))}) ORDER BY e.step_index DESC),
+                     '[]')
+     FROM (SELECT * FROM effects_effect e WHERE e.session_id = s.id ORDER BY e.step_index DESC
+           LIMIT o.context_window) e) AS effects,
+    (SELECT COALESCE(jsonb_agg(jsonb_build_array(c.step_index, c.tool_name, c.args) ORDER BY c.step_index DESC),
+                     '[]')
+     FROM (SELECT * FROM effects_safecall c WHERE c.session_id = s.id ORDER BY c.step_index DESC
+           LIMIT o.context_window) c) AS safe
+FROM effects_session s
+JOIN orgs_agent a ON a.id = s.agent_id
+JOIN orgs_organization o ON o.id = s.org_id
+JOIN orgs_agentkey k ON k.id = %(key)s AND k.agent_id = s.agent_id
+WHERE s.id = %(session)s AND s.agent_id = %(agent)s
+FOR UPDATE OF s
+"""
+
+_WRITE = f"""
+WITH s AS (
+    UPDATE effects_session SET tool_calls = %(tool_calls)s, irreversible_calls = %(irreversible_calls)s,
+        cost = %(cost)s, tool_counts = %(tool_counts)s, violation = %(violation)s::jsonb, step_index = %(step)s,
+        state = %(state)s, updated = %(now)s
+    WHERE id = %(session)s
+    RETURNING id
+), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}
+), q AS ({fastpath._insert(ApprovalRequest, "approval", "e")}
+), et AS (
+    INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
+    SELECT e.id, 'pending', 'approved', %(label)s, %(reason)s, %(now)s FROM e WHERE %(approved)s
+), st AS (
+    INSERT INTO effects_sessiontransition (session_id, from_state, to_state, actor, reason, created)
+    SELECT s.id, 'running', 'awaiting_approval', %(actor)s, '', %(now)s FROM s WHERE NOT %(approved)s
+), v AS ({fastpath._insert(Event, "event", "q")})
+SELECT (SELECT count(*) FROM v)
+"""
+
+_SHAPES = {model: fastpath._Shape(model) for model in (Effect, ApprovalRequest, Event)}
+
+
+def _row(instance: Any) -> Any:
+    return _SHAPES[type(instance)].row(instance.__dict__)
+
+
+def _concerned(org: Any, agent_id: Any, tool: Tool) -> list[rules.CompiledRule] | None:
+    """The rules `rules.decide` will walk for this call, or None if one of them reads what costs
+    a query (the pipeline's to read)."""
+    concerned = [r for r in rules.rules_of(org) if r.concerns(agent_id, tool.name)]
+    if any(r.reads or "day" in r.variables for r in concerned):
+        return None
+    return concerned
+
+
+def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
+              session_id: uuid.UUID) -> HttpResponse | None:
+    """The answer to an irreversible intercept, or None for the pipeline to give it."""
+    if tool.tier != Tier.IRREVERSIBLE or tool.executor_url or call.safe_calls:
+        return None
+    limits = config.limits_for(key.org_id, key.agent_id)
+    if limits.tracks_day or limits.incident:
+        return None
+    # The rules' cache is stamped with the version the config was read at; the read re-checks it.
+    if _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool) is None:
+        return None
+    AgentKey.touch_remembered(key)
+    signature = pipeline.signature_of(session_id, call)
+    db = connections[DEFAULT_DB_ALIAS]
+    try:
+        with transaction.atomic():
+            return _decide(db, key, config, limits, tool, call, session_id, signature)
+    except _ConfigMoved:
+        # Reloaded now (after the rollback), so that the next call is fast again at once.
+        fresh = fastpath.OrgConfig.of(key.org_id)
+        if fresh is not None:
+            fresh.limits_for(key.org_id, key.agent_id)
+        return None
+    except (_StepAside, IntegrityError, psycopg.IntegrityError):
+        return None  # rolled back; a duplicate that won the race on the signature replays there
+
+
+def _decide(db: Any, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
+            call: pipeline.Call, session_id: uuid.UUID, signature: str) -> HttpResponse:
+    row = fastpath._prepared(db, _READ, {"signature": signature, "tool": tool.name, "key": key.id,
+                                         "session": session_id, "agent": key.agent_id})
+    if row is None:
+        raise _StepAside  # not this agent's session: the pipeline's 404
+    session, agent, org, (live, seen, grant, effects, safe) = _loaded(row)
+    if org.config_version != config.version:
+        fastpath.OrgConfig.forget(key.org_id, org.config_version)
+        raise _ConfigMoved
+    if not live or seen or session.state != Session.State.RUNNING or agent.state != Agent.State.ACTIVE:
+        raise _StepAside  # a 401, a replay, a 409 or 423
+    # The pipeline, step by step (`intercept._pipeline`, `_ask`), on the rows just read.
+    session.step_index = max(session.step_index, call.step_index)
+    session.__dict__["_budget_limits"] = limits  # guard's own cache of the agent's limits
+    if guard.exceeds(session, tool, limits) or guard.admit(session, tool, call) is not None:
+        raise _StepAside  # a cap in the way: the pipeline records the refusal
+    verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index)
+    if verdict.observed or (verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.DENY):
+        raise _StepAside  # observations are events of their own, a denial a refusal row
+    found = None
+    if grant is not None:
+        found = SimpleNamespace(pk=uuid.UUID(grant[0]), label=f"{GRANT_PREFIX}{grant[0]}",
+                                created_by_label=grant[1], reason=grant[2])
+    decision = pipeline.decide(org, tool, verdict, lambda: found)
+
+    now = timezone.now()
+    effect = pipeline.new_effect(org.id, session.id, tool, call, signature)
+    effect.created = effect.updated = now
+    context = pipeline.context_of(org.context_window, [SimpleNamespace(**dict(zip(_CONTEXT, e, strict=True)))
+                                                       for e in effects],
+                                  [SimpleNamespace(step_index=c[0], tool_name=c[1], args=c[2]) for c in safe], call)
+    approval = ApprovalRequest(**ApprovalRequest.values_for(effect, tool, session, context,
+                                                            **decision.request_fields(verdict)))
+    label = reason = ""
+    if decision.held:
+        session.state = Session.State.AWAITING_APPROVAL
+        event = Event(org=org, kind="approval.requested", agent=agent, session_id=session.pk,
+                      data=notify.requested_data(approval))
+    else:
+        # What `ApprovalRequest.approve_at_once` records: the request approved, bound to the args
+        # shown, decided by the rule or the grant; the effect approved; `approval.decided`.
+        label, reason = decision.label_and_reason()
+        approval.state, approval.decided_by_label = ApprovalRequest.State.APPROVED, label
+        approval.decision_reason = reason
+        approval.decided_at, approval.decided_args_digest = now, approval.args_digest
+        effect.state = Effect.State.APPROVED
+        extra = {"grant": str(decision.grant.pk)} if decision.grant is not None else {}
+        event = Event(org=org, kind="approval.decided", agent=agent, session_id=session.pk,
+                      data={**extra, **approval.event_data()})
+    event.created = now
+    written = fastpath._prepared(db, _WRITE, {
+        "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
+        "tool_counts": fastpath._jsonb(session.tool_counts),
+        "violation": None if session.violation is None else fastpath._jsonb(session.violation),
+        "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
+        "effect": _row(effect), "approval": _row(approval), "event": _row(event),
+        "approved": not decision.held, "label": label, "reason": reason[:2000], "actor": f"agent:{agent.name}"})
+    if not written or written[0] != 1:
+        raise _StepAside
+    _after_commit(session, effect, event, held=decision.held)
+    answer = pipeline.granted(effect, approval) if decision.grant is not None else \
+        pipeline.awaiting(effect, tool, approval)
+    response = fastpath._respond(answer.status, answer.body)
+    response.undolog_outcome = (Tier.IRREVERSIBLE.value, answer.body["decision"])  # core/observe.py's metrics
+    return response
+
+
+def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple]:
+    """The read's row as model instances (no query: as the ORM would have loaded them), and the rest."""
+    at = 0
+    instances = []
+    for model, (names, _) in ((Session, _SESSION), (Agent, _AGENT), (Organization, _ORG)):
+        values = row[at:at + len(names)]
+        at += len(names)
+        instances.append(model.from_db(DEFAULT_DB_ALIAS, names,
+                                       list(fastpath.loaded(model, names, values).values())))
+    session, agent, org = instances
+    live, seen, grant, effects, safe = row[at:]
+    agent.org = session.org = org  # the pipeline's `_lock_session`: no query to reach them
+    session.agent = agent
+    return session, agent, org, (live, seen, _json(grant), _json(effects) or [], _json(safe) or [])
+
+
+def _json(value: Any) -> Any:
+    # Django's connection reads jsonb as text (the ORM's JSON fields parse it); the standard
+    # library keeps integers past 64 bits, as the ORM does.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _after_commit(session: Session, effect: Effect, event: Event, *, held: bool) -> None:
+    """What the pipeline's verbs register after commit, the event's fan-out off this thread."""
+    announce(effect, "effect", None, Effect.State.PENDING, name=effect.tool_name, session_id=session.pk,
+             org_id=session.org_id, step_index=effect.step_index)
+    if held:
+        announce(session, "session", Session.State.RUNNING, Session.State.AWAITING_APPROVAL, session_id=session.pk,
+                 org_id=session.org_id, step_index=session.step_index)
+    else:
+        effect_id = effect.pk
+        announce(effect, "effect", Effect.State.PENDING, Effect.State.APPROVED, name=effect.tool_name,
+                 session_id=session.pk, org_id=session.org_id, step_index=effect.step_index)
+        transaction.on_commit(lambda: after_answer.add(longpoll.publish, effect_id))
+    transaction.on_commit(lambda: after_answer.add(event_recorded.send, sender=Event, event=event))

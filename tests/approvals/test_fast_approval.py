@@ -1,0 +1,387 @@
+"""The fast approval path (lifecycle/fastapproval.py, issue 26): an irreversible call decided at
+once by an approve rule or a grant, or held for people, in one read and one write on PostgreSQL,
+answered as the pipeline answers, its fan-out off the request thread and still delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import pytest
+from channels.layers import get_channel_layer
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from approvals import events
+from approvals.models import ApprovalRequest
+from core import observe
+from core.fanout import after_answer
+from effects.models import Effect, EffectTransition, Session, SessionTransition
+from orgs import models as org_models
+from orgs.models import Event
+from tests.approvals.conftest import irreversible, register
+from tests.budgets.conftest import set_budget
+from tests.conftest import agent_client, intercept, make_persona, open_session, register_standard_tools
+
+FAST = connection.vendor == "postgresql"
+postgresql_only = pytest.mark.skipif(not FAST, reason="the fast approval path runs on PostgreSQL only")
+TRANSACTION_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
+
+
+def statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(TRANSACTION_CONTROL)]
+
+
+def add_rule(persona, **rule) -> dict:
+    response = persona.admin.post("/api/v1/rules", {"outcome": "approve", **rule}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def refund(persona, session, amount, step, **extra):
+    return intercept(persona, session, "refund", {"amount": amount, "order": f"o-{step}"}, step, **extra)
+
+
+@pytest.fixture
+def shop(acme, tools):
+    """acme with a `refund` tool, a rule that approves small refunds, and a warm process: the key
+    remembered, the org's config and rules cached (as for every call but a process's first)."""
+    register(acme, irreversible("refund"))
+    add_rule(acme, name="small", condition="args.amount <= 50", message="small refunds are fine")
+    warm = open_session(acme)
+    assert refund(acme, warm, 10, 1).status_code == 202
+    return acme
+
+
+# ---------------------------------------------------------------- statements
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_a_call_an_approve_rule_decides_takes_one_read_and_one_write(shop):
+    session = open_session(shop)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = refund(shop, session, 20, 1)
+
+    assert response.status_code == 202 and response["X-Undolog-Path"] == "fast"
+    body = response.json()
+    assert body["approval"]["decided_by"] == "rule:small" and body["effect"]["state"] == "approved"
+    sql = statements(queries)
+    assert len(sql) == 2, "\n".join(s[:80] for s in sql)
+    assert "FOR UPDATE OF s" in sql[0] and sql[1].lstrip().startswith("WITH s AS (")
+    # Its span and metrics name the tier and the decision, as the pipeline's answers do.
+    assert observe._outcome(response, None) == ("irreversible", "await_approval", "fast")
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_a_held_call_takes_one_read_and_one_write(shop):
+    session = open_session(shop)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = refund(shop, session, 500, 1)
+
+    assert response.status_code == 202 and response["X-Undolog-Path"] == "fast"
+    assert response.json()["approval"]["state"] == "pending"
+    assert len(statements(queries)) == 2
+    assert Session.objects.get(pk=session).state == "awaiting_approval"
+    assert list(SessionTransition.objects.filter(session_id=session).values_list("from_state", "to_state", "actor")) \
+        == [("running", "awaiting_approval", "agent:cleanup")]
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_a_call_a_grant_decides_takes_one_read_and_one_write(shop):
+    session = open_session(shop)
+    granted = shop.reviewer.post("/api/v1/grants", {"agent": "cleanup", "tool": "refund", "session": session},
+                                 format="json")
+    assert granted.status_code == 201, granted.content
+    grant = granted.json()["grant"]["id"]
+    refund(shop, session, 10, 1)  # the grant edit moved the org's config: this call reloads it
+
+    with CaptureQueriesContext(connection) as queries:
+        response = refund(shop, session, 500, 2)
+
+    assert response.status_code == 201 and response["X-Undolog-Path"] == "fast"
+    body = response.json()
+    assert body["decision"] == "approved" and body["approval"]["decided_by"] == f"grant:{grant}"
+    assert body["approval"]["reason"] == "Granted by acme-reviewer"
+    assert len(statements(queries)) == 2
+    assert Session.objects.get(pk=session).state == "running"
+
+
+# ---------------------------------------------------------------- the same answer and rows
+
+
+def _pipeline_then_fast(persona, session, amount):
+    """The same call twice, on two sessions' step 1: first by the pipeline (a key this process has
+    not seen), then by the fast path."""
+    org_models._REMEMBERED.clear()
+    slow = refund(persona, session, amount, 1)
+    other = open_session(persona)
+    fast = refund(persona, other, amount, 1)
+    return slow, fast, other
+
+
+VARYING = {"id", "effect", "session", "created", "updated", "call_signature", "timeout_at"}
+
+
+def _same(one, two) -> None:
+    if isinstance(one, dict):
+        assert set(one) == set(two), (one, two)
+        for key in one:
+            if key not in VARYING:
+                _same(one[key], two[key])
+    else:
+        assert one == two
+
+
+def _rows(session) -> dict:
+    effect = Effect.objects.get(session_id=session)
+    approval = ApprovalRequest.objects.get(effect=effect)
+    return {
+        "effect": (effect.state, effect.tier, effect.args, effect.args_digest, effect.step_index),
+        "transitions": list(EffectTransition.objects.filter(effect=effect).values_list(
+            "from_state", "to_state", "actor", "reason")),
+        "approval": (approval.state, approval.decided_by_label, approval.decision_reason, approval.rule,
+                     approval.approvals_required, approval.reason, approval.risk_tags, approval.proposed_args,
+                     approval.decided_args_digest, approval.agent_context, approval.why, approval.rule_observations,
+                     approval.auto_approve_on_timeout),
+        "events": sorted((e.kind, tuple(sorted(k for k in e.data))) for e in Event.objects.filter(session_id=session)),
+        "session": Session.objects.filter(pk=session).values_list(
+            "state", "tool_calls", "irreversible_calls", "cost", "tool_counts", "step_index").get(),
+    }
+
+
+@postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("amount", [20, 500], ids=["rule-approved", "held"])
+def test_the_fast_path_answers_and_records_exactly_as_the_pipeline(shop, amount):
+    slow, fast, other = _pipeline_then_fast(shop, open_session(shop), amount)
+
+    assert (slow.get("X-Undolog-Path"), fast.get("X-Undolog-Path")) == (None, "fast")
+    assert slow.status_code == fast.status_code == 202
+    _same(slow.json(), fast.json())
+    assert fast.json()["effect"]["session"] == other
+    slow_rows, fast_rows = _rows(slow.json()["effect"]["session"]), _rows(other)
+    assert slow_rows == fast_rows
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_a_rule_approved_call_replays_and_commits_as_before(shop):
+    session = open_session(shop)
+    first = refund(shop, session, 20, 1).json()
+
+    again = refund(shop, session, 20, 1)
+    committed = shop.api.post(f"/api/v1/effects/{first['effect']['id']}/commit", {"result": "ok"}, format="json")
+
+    assert again.status_code == 200 and again.json()["decision"] == "replay"
+    assert again.json()["approval"]["decided_by"] == "rule:small"
+    assert committed.status_code == 200 and committed.json()["effect"]["state"] == "committed"
+    assert Effect.objects.filter(session_id=session).count() == 1
+
+
+# ---------------------------------------------------------------- stepping aside
+
+
+@postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("rule", [
+    {"name": "no-big", "outcome": "deny", "condition": "args.amount > 1000"},
+    {"name": "watch", "outcome": "deny", "mode": "observe", "condition": "args.amount > 1000"},
+    {"name": "daily", "outcome": "approve", "condition": "day.irreversible_calls < 1000 && args.amount > 1000",
+     "position": 0},
+], ids=["deny", "observe", "reads-day"])
+def test_what_it_does_not_know_goes_to_the_pipeline(shop, rule):
+    add_rule(shop, **rule)
+    session = open_session(shop)
+    refund(shop, session, 5, 1)  # the rule edit moved the config: reloaded here
+
+    response = refund(shop, session, 5000, 2)
+
+    assert response.get("X-Undolog-Path") is None
+    assert response.status_code in (202, 403)
+    if rule["outcome"] == "deny" and rule.get("mode") != "observe":
+        assert response.json()["kind"] == "rule"
+    if rule.get("mode") == "observe":
+        assert Event.objects.filter(kind="rule.observed", session_id=session).exists()
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_a_cap_in_the_way_is_refused_by_the_pipeline_and_recorded(shop):
+    set_budget(shop, max_irreversible_per_run=1)
+    session = open_session(shop)
+    refund(shop, session, 5, 1)
+
+    refused = refund(shop, session, 5, 2)
+
+    assert refused.status_code == 429 and refused.get("X-Undolog-Path") is None
+    assert refused.json()["limit"] == "max_irreversible_per_run"
+
+
+# ---------------------------------------------------------------- fan-out off the request thread
+
+
+def _collect(group: str, act, until) -> list[dict]:
+    """Join the org's group on the real channel layer, run `act()`, collect until `until(kinds)`."""
+
+    async def scenario() -> list[dict]:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(act)()
+        received: list[dict] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not until([m["type"] for m in received]) and loop.time() < deadline:
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), timeout=0.5)
+            except TimeoutError:
+                continue
+            if message["type"] != "session.updates":
+                received.append(message)
+        await layer.group_discard(group, channel)
+        return received
+
+    return asyncio.run(scenario())
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_held_call_is_in_the_queue_and_its_event_reaches_the_dashboards_off_the_request_thread(settings):
+    settings.UNDOLOG_FANOUT_AFTER_ANSWER = True
+    acme = make_persona("acme-fast-held")
+    register_standard_tools(acme)
+    register(acme, irreversible("refund"))
+    warm = open_session(acme)
+    refund(acme, warm, 10, 1)  # warms the process: the key, the config, the rules
+    acme.reviewer.post(f"/api/v1/approvals/{ApprovalRequest.objects.get().pk}/reject", {"reason": "warm"},
+                       format="json")
+    session = open_session(acme)
+    answers = []
+
+    received = _collect(events.group_name(acme.org.id), lambda: answers.append(refund(acme, session, 500, 1)),
+                        until=lambda kinds: "approval.requested" in kinds)
+
+    response = answers[0]
+    assert response.status_code == 202 and response["X-Undolog-Path"] == "fast"
+    approval = response.json()["approval"]["id"]
+    requested = [m for m in received if m["type"] == "approval.requested"]
+    assert len(requested) == 1 and requested[0]["payload"]["approval"]["id"] == approval
+    assert requested[0]["payload"]["approval"]["proposed_args"] == {"amount": 500, "order": "o-1"}
+    queue = acme.reviewer.get("/api/v1/approvals").json()
+    assert approval in [a["id"] for a in queue.get("approvals", queue.get("results", []))]
+    assert after_answer.drain()
+    assert Event.objects.get(kind="approval.requested", session_id=session).fanned_out_at is not None
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_an_event_the_process_never_fanned_out_is_left_undispatched_for_the_sweep(settings):
+    """The outbox's guarantee holds for the fast path: its event row is written with the call,
+    undispatched; the sweep (the beat's, here called by hand) fans out what no thread did."""
+    from approvals import tasks
+
+    settings.UNDOLOG_FANOUT_AFTER_ANSWER = True
+    settings.UNDOLOG_OUTBOX_GRACE_S = 0
+    acme = make_persona("acme-fast-crash")
+    register_standard_tools(acme)
+    register(acme, irreversible("refund"))
+    refund(acme, open_session(acme), 10, 1)  # warm
+    after_answer.drain()
+    session = open_session(acme)
+    lost = []
+    real_add = after_answer.add
+    after_answer.add = lambda fn, *a, **k: lost.append(fn)  # the process dies after its commit
+    try:
+        response = refund(acme, session, 500, 1)
+    finally:
+        after_answer.add = real_add
+
+    assert response["X-Undolog-Path"] == "fast" and lost
+    event = Event.objects.get(kind="approval.requested", session_id=session)
+    assert event.fanned_out_at is None
+    assert tasks.sweep_events() >= 1
+    event.refresh_from_db()
+    assert event.fanned_out_at is not None
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def in_parallel(work, count: int) -> list:
+    barrier = threading.Barrier(count)
+    results: list = [None] * count
+    errors: list = []
+
+    def worker(n: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[n] = work(n)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_run_cap_of_n_admits_exactly_n_of_2n_concurrent_rule_approved_calls():
+    cap = 5
+    acme = make_persona("acme-fast-cap")
+    register_standard_tools(acme)
+    register(acme, irreversible("refund"))
+    add_rule(acme, name="small", condition="args.amount <= 50")
+    set_budget(acme, max_irreversible_per_run=cap)
+    refund(acme, open_session(acme), 10, 1)  # warm: key, config and rules of this process
+    session = open_session(acme)
+
+    def call(n: int):
+        response = agent_client(acme.key).post(f"/api/v1/sessions/{session}/intercept", {
+            "tool": "refund", "args": {"amount": 10, "order": f"o-{n}"}, "step_index": n + 1}, format="json")
+        return response.status_code, response.get("X-Undolog-Path")
+
+    results = in_parallel(call, 2 * cap)
+
+    assert Counter(status for status, _ in results) == {202: cap, 429: cap}
+    assert Counter(path for status, path in results if status == 202) == {"fast": cap}
+    assert Session.objects.get(pk=session).irreversible_calls == cap
+    assert Effect.objects.filter(session_id=session, state="approved").count() == cap
+    assert ApprovalRequest.objects.filter(session_id=session, decided_by_label="rule:small").count() == cap
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_duplicates_make_one_effect():
+    acme = make_persona("acme-fast-dupes")
+    register_standard_tools(acme)
+    register(acme, irreversible("refund"))
+    add_rule(acme, name="small", condition="args.amount <= 50")
+    refund(acme, open_session(acme), 10, 1)
+    session = open_session(acme)
+
+    def call(n: int):
+        response = agent_client(acme.key).post(f"/api/v1/sessions/{session}/intercept", {
+            "tool": "refund", "args": {"amount": 10, "order": "same"}, "step_index": 1}, format="json")
+        return response.status_code, response.json()["effect"]["id"]
+
+    results = in_parallel(call, 20)
+
+    assert Counter(status for status, _ in results) == {202: 1, 200: 19}
+    assert len({effect for _, effect in results}) == 1
+    assert Effect.objects.filter(session_id=session).count() == 1
+    assert Session.objects.get(pk=session).irreversible_calls == 1
