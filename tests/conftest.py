@@ -3,6 +3,7 @@ and an outsider org whose people and agent must see nothing of the first."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -150,3 +152,28 @@ def eager():
     app.conf.task_always_eager = app.conf.task_eager_propagates = True
     yield
     app.conf.task_always_eager, app.conf.task_eager_propagates = saved
+
+
+def in_parallel(work: Callable[[int], Any], count: int) -> list:
+    """Run work(n) in `count` threads released together (real concurrent clients, each with its own
+    database connection); return what each returned, or fail with what any raised."""
+    barrier = threading.Barrier(count)
+    results: list = [None] * count
+    errors: list = []
+
+    def worker(n: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[n] = work(n)
+        except Exception as exc:  # surfaced below: a thread must not fail silently
+            errors.append(exc)
+        finally:
+            connection.close()  # back to the pool; a thread's connection is its own
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return results

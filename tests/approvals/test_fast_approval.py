@@ -5,7 +5,6 @@ answered as the pipeline answers, its fan-out off the request thread and still d
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 
 import pytest
@@ -22,10 +21,8 @@ from orgs import models as org_models
 from orgs.models import Event
 from tests.approvals.conftest import irreversible, register
 from tests.budgets.conftest import set_budget
-from tests.conftest import agent_client, intercept, make_persona, open_session, register_standard_tools
+from tests.conftest import agent_client, in_parallel, intercept, make_persona, open_session, register_standard_tools
 
-FAST = connection.vendor == "postgresql"
-postgresql_only = pytest.mark.skipif(not FAST, reason="the fast approval path runs on PostgreSQL only")
 TRANSACTION_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
 
 
@@ -57,7 +54,6 @@ def shop(acme, tools):
 # ---------------------------------------------------------------- statements
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_a_call_an_approve_rule_decides_takes_one_read_and_one_write(shop):
     session = open_session(shop)
@@ -75,7 +71,6 @@ def test_a_call_an_approve_rule_decides_takes_one_read_and_one_write(shop):
     assert observe._outcome(response, None) == ("irreversible", "await_approval", "fast")
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_a_held_call_takes_one_read_and_one_write(shop):
     session = open_session(shop)
@@ -91,7 +86,6 @@ def test_a_held_call_takes_one_read_and_one_write(shop):
         == [("running", "awaiting_approval", "agent:cleanup")]
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_a_call_a_grant_decides_takes_one_read_and_one_write(shop):
     session = open_session(shop)
@@ -155,7 +149,6 @@ def _rows(session) -> dict:
     }
 
 
-@postgresql_only
 @pytest.mark.django_db
 @pytest.mark.parametrize("amount", [20, 500], ids=["rule-approved", "held"])
 def test_the_fast_path_answers_and_records_exactly_as_the_pipeline(shop, amount):
@@ -169,7 +162,6 @@ def test_the_fast_path_answers_and_records_exactly_as_the_pipeline(shop, amount)
     assert slow_rows == fast_rows
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_a_rule_approved_call_replays_and_commits_as_before(shop):
     session = open_session(shop)
@@ -187,7 +179,6 @@ def test_a_rule_approved_call_replays_and_commits_as_before(shop):
 # ---------------------------------------------------------------- stepping aside
 
 
-@postgresql_only
 @pytest.mark.django_db
 @pytest.mark.parametrize("rule", [
     {"name": "no-big", "outcome": "deny", "condition": "args.amount > 1000"},
@@ -210,7 +201,6 @@ def test_what_it_does_not_know_goes_to_the_pipeline(shop, rule):
         assert Event.objects.filter(kind="rule.observed", session_id=session).exists()
 
 
-@postgresql_only
 @pytest.mark.django_db
 def test_a_cap_in_the_way_is_refused_by_the_pipeline_and_recorded(shop):
     set_budget(shop, max_irreversible_per_run=1)
@@ -252,7 +242,6 @@ def _collect(group: str, act, until) -> list[dict]:
     return asyncio.run(scenario())
 
 
-@postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_held_call_is_in_the_queue_and_its_event_reaches_the_dashboards_off_the_request_thread(settings):
     settings.UNDOLOG_FANOUT_AFTER_ANSWER = True
@@ -281,7 +270,6 @@ def test_a_held_call_is_in_the_queue_and_its_event_reaches_the_dashboards_off_th
     assert Event.objects.get(kind="approval.requested", session_id=session).fanned_out_at is not None
 
 
-@postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_an_event_the_process_never_fanned_out_is_left_undispatched_for_the_sweep(settings):
     """The outbox's guarantee holds for the fast path: its event row is written with the call,
@@ -315,30 +303,6 @@ def test_an_event_the_process_never_fanned_out_is_left_undispatched_for_the_swee
 # ---------------------------------------------------------------- concurrency
 
 
-def in_parallel(work, count: int) -> list:
-    barrier = threading.Barrier(count)
-    results: list = [None] * count
-    errors: list = []
-
-    def worker(n: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[n] = work(n)
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    return results
-
-
-@postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_run_cap_of_n_admits_exactly_n_of_2n_concurrent_rule_approved_calls():
     cap = 5
@@ -364,7 +328,6 @@ def test_a_run_cap_of_n_admits_exactly_n_of_2n_concurrent_rule_approved_calls():
     assert ApprovalRequest.objects.filter(session_id=session, decided_by_label="rule:small").count() == cap
 
 
-@postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_twenty_concurrent_duplicates_make_one_effect():
     acme = make_persona("acme-fast-dupes")

@@ -3,43 +3,17 @@ the psycopg pool on PostgreSQL), all released by a barrier at once."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from decimal import Decimal
 
 import pytest
-from django.db import connection
 
 from budgets.models import DayCounter, Refusal
 from effects.models import Effect, Session
 from tests.budgets.conftest import register_budget_tools, set_budget
-from tests.conftest import agent_client, make_persona, open_session
+from tests.conftest import agent_client, in_parallel, make_persona, open_session
 
 THREADS = 30
-
-
-def in_parallel(work, count: int = THREADS) -> list:
-    """Run work(n) in `count` threads released together; return what each returned."""
-    barrier = threading.Barrier(count)
-    results: list = [None] * count
-    errors: list = []
-
-    def worker(n: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[n] = work(n)
-        except Exception as exc:  # surfaced below: a thread must not fail silently
-            errors.append(exc)
-        finally:
-            connection.close()  # back to the pool; a thread's connection is its own
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    return results
 
 
 @pytest.mark.django_db(transaction=True)
@@ -53,7 +27,7 @@ def test_thirty_parallel_irreversible_calls_in_one_session_admit_exactly_the_cap
         return agent_client(acme.key).post(f"/api/v1/sessions/{session}/intercept", {
             "tool": "drop_table", "args": {"table": f"t{n}"}, "step_index": n + 1}, format="json").status_code
 
-    statuses = Counter(in_parallel(call))
+    statuses = Counter(in_parallel(call, THREADS))
 
     assert statuses == {201: 2, 429: THREADS - 2}
     assert Effect.objects.filter(session_id=session).count() == 2
@@ -74,7 +48,7 @@ def test_thirty_sessions_at_once_never_overshoot_a_daily_cost_cap():
             "tool": "charge_card", "args": {"n": n}, "step_index": 2,
             "safe_calls": [{"tool": "list_inactive_accounts", "step_index": 1}]}, format="json").status_code
 
-    statuses = Counter(in_parallel(call))
+    statuses = Counter(in_parallel(call, THREADS))
 
     # Each run's SAFE read (0.01) is charged whatever happens, so 3 cards fit (3 × 2.51 + reads ≤ 10).
     assert statuses == {201: 3, 429: THREADS - 3}

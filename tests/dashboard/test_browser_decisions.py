@@ -49,6 +49,9 @@ def test_approve_and_grant_for_the_rest_of_the_run_decides_the_runs_next_call_at
     page.click("#approve-run-button")
 
     page.wait_for_selector("#decision.decision-approved")
+    # The page approves, then grants (two requests); the live push may show the decision before the
+    # grant is made. The flash comes once both answered.
+    page.wait_for_selector(".flash.ok:has-text('Approved, and granted.')")
     grant = Grant.objects.get()
     assert (grant.tool_name, str(grant.session_id), grant.created_by_label) == (
         "delete_account", held["session"], "acme-reviewer")
