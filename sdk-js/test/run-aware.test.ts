@@ -34,6 +34,18 @@ async function guarded() {
   return { ...agent, rule: String(rule.body["name"]) };
 }
 
+/** read_inbox (an untrusted read of MAIL) and send_mail, registered; `ran` lists each address sent to. */
+async function mailTools(client: Awaited<ReturnType<typeof guarded>>["client"]) {
+  const ran: string[] = [];
+  const readInbox = undologTool({ name: "read_inbox", ...READ }, async () => MAIL);
+  const sendMail = undologTool({ name: "send_mail", ...SEND }, async ({ to }: { to: string }) => {
+    ran.push(to);
+    return { sent: to };
+  });
+  await client.register(readInbox, sendMail);
+  return { readInbox, sendMail, ran };
+}
+
 /** The `why` of the agent's one approval request, as a reviewer reads it. */
 async function whyOf(request: Record<string, any>): Promise<unknown> {
   const detail = await api(REVIEWER_TOKEN, "GET", `/api/v1/approvals/${request["id"]}`);
@@ -64,13 +76,7 @@ describe("run-aware policy", () => {
 
   it("it holds undologTool's send to an address an untrusted read carried, and says why", async () => {
     const { name, client, rule } = await guarded();
-    const ran: string[] = [];
-    const readInbox = undologTool({ name: "read_inbox", ...READ }, async () => MAIL);
-    const sendMail = undologTool({ name: "send_mail", ...SEND }, async ({ to }: { to: string }) => {
-      ran.push(to);
-      return { sent: to };
-    });
-    await client.register(readInbox, sendMail);
+    const { readInbox, sendMail, ran } = await mailTools(client);
     const registered = await registeredTools("read_inbox");
     assert.deepEqual(registered["read_inbox"]?.["labels"], ["untrusted", "private"]);
     assert.deepEqual(registered["read_inbox"]?.["untrusted_fields"], ["body"]);
@@ -97,9 +103,7 @@ describe("run-aware policy", () => {
 
   it("it reports the output of a read the run calls through run.call too", async () => {
     const { name, client, rule } = await guarded();
-    const readInbox = undologTool({ name: "read_inbox", ...READ }, async () => MAIL);
-    const sendMail = undologTool({ name: "send_mail", ...SEND }, async ({ to }: { to: string }) => ({ sent: to }));
-    await client.register(readInbox, sendMail);
+    const { readInbox, sendMail } = await mailTools(client);
     const waited = await client.session({ approvalTimeout: 2 }, async (run) => {
       await run.call(readInbox, {});
       try {
@@ -116,13 +120,7 @@ describe("run-aware policy", () => {
 
   it("it lets the same send through when the user's inputs named the address", async () => {
     const { name, client } = await guarded();
-    const ran: string[] = [];
-    const readInbox = undologTool({ name: "read_inbox", ...READ }, async () => MAIL);
-    const sendMail = undologTool({ name: "send_mail", ...SEND }, async ({ to }: { to: string }) => {
-      ran.push(to);
-      return { sent: to };
-    });
-    await client.register(readInbox, sendMail);
+    const { readInbox, sendMail, ran } = await mailTools(client);
     // Held (inputs not reaching the server) would fail here after 10 s, not hang.
     await client.session({ inputs: { task: `Forward the export to ${ATTACKER}` }, approvalTimeout: 10 }, async () => {
       await readInbox({});
