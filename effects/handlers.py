@@ -72,10 +72,29 @@ def run(entry: UndoEntry, fn: CompensationFunction, attempt: int) -> Result:
 
 
 def run_webhook(entry: UndoEntry, fn: CompensationFunction, attempt: int) -> Result:
+    request = _request(entry, fn, attempt)
+    delivery = webhooks.post(request.url, request.payload, secret=request.secret, timeout_s=request.timeout_s,
+                             headers=request.headers)
+    return _result(delivery)
+
+
+def run_webhooks(attempts: list[tuple[UndoEntry, CompensationFunction, int]]) -> list[Result]:
+    """`run_webhook` for many entries at once, sent concurrently (a fleet rollback's round: one
+    entry of each of many runs, so no order among them to keep). Outside any transaction."""
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("a compensation handler must not run inside a database transaction")
+    deliveries = webhooks.post_many([_request(entry, fn, attempt) for entry, fn, attempt in attempts])
+    return [_result(delivery) for delivery in deliveries]
+
+
+def _request(entry: UndoEntry, fn: CompensationFunction, attempt: int) -> webhooks.Request:
     payload = {"fn_name": entry.fn_name, "fn_version": entry.fn_version, "args": entry.args,
                "effect_id": str(entry.effect_id), "session_id": str(entry.session_id), "attempt": attempt}
-    delivery = webhooks.post(fn.target, payload, secret=fn.org.signing_secrets(), timeout_s=fn.timeout_ms / 1000,
-                             headers={"Idempotency-Key": str(entry.id)})
+    return webhooks.Request(fn.target, payload, fn.org.signing_secrets(), fn.timeout_ms / 1000,
+                            {"Idempotency-Key": str(entry.id)})
+
+
+def _result(delivery: webhooks.Delivery) -> Result:
     return Result(ok=delivery.ok, permanent=not delivery.ok and not delivery.retryable, error=delivery.error,
                   duration_ms=delivery.duration_ms, status_code=delivery.status_code)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -54,8 +53,6 @@ logger = logging.getLogger(__name__)
 # Runs per walk task: enough for a round to overlap many receivers' time, few enough that the
 # runs of a large rollback spread over every worker.
 CHUNK = 50
-# Webhooks in flight at once per walk task (each thread keeps its own keep-alive connection).
-THREADS = 16
 ENDED = frozenset({Session.State.COMPLETED, Session.State.HALTED})
 
 
@@ -176,8 +173,7 @@ def enqueue_walks(session_ids: list[uuid.UUID]) -> None:
         tasks.enqueue_fleet_walk(session_ids[start:start + CHUNK])
 
 
-def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None = None,
-               threads: int = THREADS) -> list[uuid.UUID]:
+def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None = None) -> list[uuid.UUID]:
     """Walk many runs back side by side; returns the runs still left when the time budget ran out
     (the task enqueues them again).
 
@@ -199,25 +195,24 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
     stop_at = timezone.now() + timedelta(seconds=budget)
     live = [uuid.UUID(str(pk)) for pk in session_ids]
     functions: dict[int, CompensationFunction] = {}
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fleet-walk") as pool:
-        while live:
-            tops = _tops(live)
-            _finish([pk for pk, entry in tops if entry is None])
-            entries = [entry for _, entry in tops if entry is not None]
-            _load_functions(entries, functions)
-            now = timezone.now()
-            quick = []
-            for entry in entries:
-                if _quick(entry, now):
-                    quick.append(entry)
-                else:
-                    tasks.enqueue_walk(entry.session_id)
-            claimed = _claim(quick, now)
-            results = list(pool.map(lambda pair: handlers.run(pair[0], pair[0].fn, pair[1]), claimed))
-            succeeded = _record(claimed, results)
-            live = [entry.session_id for entry in succeeded]
-            if live and timezone.now() > stop_at:
-                return live
+    while live:
+        tops = _tops(live)
+        _finish([pk for pk, entry in tops if entry is None])
+        entries = [entry for _, entry in tops if entry is not None]
+        _load_functions(entries, functions)
+        now = timezone.now()
+        quick = []
+        for entry in entries:
+            if _quick(entry, now):
+                quick.append(entry)
+            else:
+                tasks.enqueue_walk(entry.session_id)
+        claimed = _claim(quick, now)
+        results = handlers.run_webhooks([(entry, entry.fn, number) for entry, number in claimed])
+        succeeded = _record(claimed, results)
+        live = [entry.session_id for entry in succeeded]
+        if live and timezone.now() > stop_at:
+            return live
     return []
 
 
