@@ -139,7 +139,11 @@ def _fail(runs: list[Session], error: str, actor: str, now: datetime, history: l
     for approval in ApprovalRequest.objects.filter(session__in=[run.pk for run in runs]).pending():
         approval.withdraw(actor)
     for run in runs:
-        run.run_ended(actor)
+        # Its budget verdict (`run_ended`) acts on the run's violation only, and the rows we locked
+        # hold it as committed (an intercept recording one waits for our lock): a run without one
+        # skips the receiver's re-read, a statement per run.
+        if run.violation:
+            run.run_ended(actor)
 
 
 def _move(runs: list[Session], from_state: str, to: str, actor: str, reason: str, now: datetime,
@@ -177,7 +181,8 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
     """Walk many runs back side by side; returns the runs still left when the time budget ran out
     (the task enqueues them again).
 
-    1. Read the top open entry of every run still in the walk, in one statement.
+    1. Read the top open entry of every run, in one statement (after the first round, the record
+       of the last round's successes read them: step 6).
     2. Runs with none left are `compensated` (one statement for all, and their events); runs no
        longer compensating (finished or escalated elsewhere) leave the walk.
     3. A top entry this round cannot take — anything but a due, pending webhook entry whose
@@ -185,18 +190,19 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
        other case (skips, flags, stalled claims, backoffs, agent and python handlers).
     4. Claim the rest in one guarded statement (state and attempt count, as `undo` claims one).
     5. Send their webhooks concurrently, outside any transaction.
-    6. Record the successes in one statement, fenced by attempt number. A failure is recorded as
-       the run's own walk records it (retry or escalation) and its run leaves for that walk.
-    7. Again from 1, until no run is left or the time budget is spent (after one round at least).
+    6. Record the successes in one statement, fenced by attempt number, which also reads each of
+       their runs' next top entry (as `undo` does for one). A failure is recorded as the run's own
+       walk records it (retry or escalation) and its run leaves for that walk.
+    7. Again from 2, until no run is left or the time budget is spent (after one round at least):
+       two statements a round.
     """
     from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
 
     budget = settings.UNDOLOG_UNDO_WALK_BUDGET_S if budget_s is None else budget_s
     stop_at = timezone.now() + timedelta(seconds=budget)
-    live = [uuid.UUID(str(pk)) for pk in session_ids]
     functions: dict[int, CompensationFunction] = {}
-    while live:
-        tops = _tops(live)
+    tops = _tops([uuid.UUID(str(pk)) for pk in session_ids])
+    while tops:
         _finish([pk for pk, entry in tops if entry is None])
         entries = [entry for _, entry in tops if entry is not None]
         _load_functions(entries, functions)
@@ -209,10 +215,9 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
                 tasks.enqueue_walk(entry.session_id)
         claimed = _claim(quick, now)
         results = handlers.run_webhooks([(entry, entry.fn, number) for entry, number in claimed])
-        succeeded = _record(claimed, results)
-        live = [entry.session_id for entry in succeeded]
-        if live and timezone.now() > stop_at:
-            return live
+        tops = _record(claimed, results)
+        if tops and timezone.now() > stop_at:
+            return [pk for pk, _ in tops]
     return []
 
 
@@ -292,8 +297,10 @@ def _claim(entries: list[UndoEntry], now: datetime) -> list[tuple[UndoEntry, int
     return claimed
 
 
-def _record(claimed: list[tuple[UndoEntry, int]], results: list[handlers.Result]) -> list[UndoEntry]:
-    """Step 6: the entries recorded compensated (their runs go on to the next round)."""
+def _record(claimed: list[tuple[UndoEntry, int]],
+            results: list[handlers.Result]) -> list[tuple[uuid.UUID, UndoEntry | None]]:
+    """Step 6: (run, its next top entry or None) for each entry recorded compensated; their runs go
+    on to the next round."""
     from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
 
     done = [(entry, number, result) for (entry, number), result in zip(claimed, results, strict=True) if result.ok]
@@ -312,18 +319,18 @@ def _record(claimed: list[tuple[UndoEntry, int]], results: list[handlers.Result]
         "durations": [result.duration_ms for _, _, result in done],
         "statuses": [result.status_code for _, _, result in done]})
     recorded = {row[0]: row[1:] for row in rows}
-    succeeded = []
+    following = []
     for entry, number, _ in done:
         if entry.pk not in recorded:
             undo._fenced_out(entry, number)
             continue
-        from_state, effect_state = recorded[entry.pk]
+        from_state, effect_state, *top = recorded[entry.pk]
         entry.announce(UndoEntry.State.RUNNING, UndoEntry.State.COMPENSATED)
         metrics.compensation(UndoAttempt.Outcome.SUCCESS)
         entry.state, entry.lease_until, entry.updated = UndoEntry.State.COMPENSATED, None, now
         undo._effect_moved(entry.effect, from_state, Effect.State.COMPENSATED, now, effect_state)
-        succeeded.append(entry)
-    return succeeded
+        following.append((entry.session_id, undo._entry_of(top)))
+    return following
 
 
 def _rows(sql: str, params: dict[str, Any]) -> list[tuple]:
@@ -387,7 +394,7 @@ SELECT c.id, c.attempts, m.from_state, l.state, c.claimed_at, c.lease_until
 FROM claim c CROSS JOIN quick LEFT JOIN moved m ON m.id = c.effect LEFT JOIN locked l ON l.id = c.effect
 """
 
-_COMPENSATED = """
+_COMPENSATED = f"""
 WITH wanted AS (
     SELECT * FROM unnest(%(entries)s::uuid[], %(attempts)s::int[], %(effects)s::uuid[], %(sessions)s::uuid[],
                          %(started)s::timestamptz[], %(durations)s::int[], %(statuses)s::int[])
@@ -414,6 +421,12 @@ WITH wanted AS (
     -- A heartbeat: the sweep leaves a walk alone while its session keeps moving.
     UPDATE effects_session SET updated = %(now)s WHERE id IN (SELECT session FROM done)
 )
-SELECT d.entry, m.from_state, l.state
+SELECT d.entry, m.from_state, l.state, following.*
 FROM done d LEFT JOIN moved m ON m.id = d.effect LEFT JOIN locked l ON l.id = d.effect
+LEFT JOIN LATERAL (
+    -- The run's next top entry, in the statement's snapshot: the one just recorded still looks
+    -- running there, so it is left out (as undo._COMPENSATED reads it for one run).
+    SELECT {undo._TOP_COLUMNS} {undo._TOP_FROM.replace("%(session)s", "d.session")} AND u.id <> d.entry
+    ORDER BY u.step_index DESC, u.created DESC LIMIT 1
+) following ON true
 """

@@ -96,6 +96,25 @@ def test_it_withdraws_a_call_waiting_for_a_reviewer(acme, receiver):
     assert stack.session.state == "compensated" and receiver.order == stack.entries
 
 
+def test_a_running_run_over_its_budget_gets_its_verdict_and_the_others_none(acme, receiver):
+    over = build_stack(acme, receiver.url, 1)
+    within = build_stack(acme, receiver.url, 1)
+    assert acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_irreversible_per_run": 1},
+                            format="json").status_code == 200
+    Session.objects.filter(pk=over.session_id).update(violation={
+        "limit": "max_irreversible_per_run", "limit_value": 1, "current": 2, "tool": "drop_table",
+        "reason": "over the run's cap"})
+
+    response = acme.admin.post(path(), {"since": since(), "reason": "incident"}, format="json")
+
+    assert response.json()["running"] == 2
+    [exceeded] = Event.objects.filter(kind="budget.exceeded")
+    assert (str(exceeded.session_id), exceeded.data["action"]) == (over.session_id, "pause")
+    acme.agent.refresh_from_db()
+    assert (acme.agent.state, acme.agent.suspend_reason) == ("suspended", "budget")
+    assert over.session.state == within.session.state == "compensated"
+
+
 def test_a_run_with_nothing_to_undo_is_compensated_at_once(acme, receiver):
     register_standard_tools(acme, receiver.url)
     session_id = open_session(acme)
@@ -142,20 +161,23 @@ def test_the_preview_says_what_it_would_take_and_the_progress_what_is_left(acme,
     assert not receiver.order  # a preview touches nothing
 
 
-def test_the_rollback_statements_do_not_grow_with_the_number_of_ended_runs(acme, receiver, monkeypatch):
+def test_the_rollback_statements_do_not_grow_with_the_number_of_runs(acme, receiver, monkeypatch):
     monkeypatch.setattr(rollback, "enqueue_walks", lambda ids: None)  # the request's statements only
 
     def statements(runs: int) -> int:
         for _ in range(runs):
             complete(build_stack(acme, receiver.url, 2))
+            build_stack(acme, receiver.url, 1)  # and as many running ones, failed by the rollback
         with CaptureQueriesContext(connection) as queries:
             rollback.rollback(acme.agent, timezone.now() - timedelta(minutes=5), "incident", "test")
         return len([q for q in queries.captured_queries
                     if not q["sql"].startswith(("SAVEPOINT", "RELEASE", "BEGIN", "COMMIT"))])
 
-    # Lock the runs, move them, count their entries, their history rows, the event; then the
-    # event's fan-out (its claim, the org's webhooks).
-    assert statements(2) == statements(6) == 7
+    # Lock the runs, fail the running ones, read their waiting approvals, move the failed and the
+    # completed ones to compensating, count their entries, their history rows, the event; then
+    # the event's fan-out (its claim, the org's webhooks). A running run's budget verdict costs
+    # no statement without a violation.
+    assert statements(2) == statements(6) == 10
 
 
 # ---------------------------------------------------------------- bad input, permissions, tenancy
