@@ -456,7 +456,7 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         return verdict
     for rule in rules:
         if view is not None:
-            view.hits = []
+            view.hits, view.unrequested = [], None
         if not rule.matches(context):
             continue
         if rule.mode == Rule.Mode.OBSERVE:
@@ -465,6 +465,9 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         verdict.rule = rule
         verdict.why = [{"rule": rule.name, "message": rule.message,
                         "tainted": _distinct(view.hits if view is not None else [])}]
+        if view is not None and view.unrequested:
+            # `requested()` said no on the way: not named in the user's request, and why.
+            verdict.why[0].update(requested=False, requested_reason=view.unrequested)
         break
     return verdict
 

@@ -115,6 +115,8 @@ class RunView:
         self._taint: outputs.RunTaint | None = None
         self._windows: dict[tuple, Any] = {}
         self.hits: list[dict[str, Any]] = []
+        # Why `requested()` said no while a rule was evaluated (reset per rule, as `hits`): for `why`.
+        self.unrequested: str | None = None
         self._named: dict[int, str] | None = None
 
     # ------------------------------------------------------------ variables
@@ -162,26 +164,33 @@ class RunView:
         """See the module docstring. `value` a map: its entries are the arguments; else it is the one.
         Never raises: an error inside a condition is no match, and `!requested(...)` must then hold."""
         try:
-            return self._requested(value)
+            reason = self._requested(value)
         except Exception:
-            return False
+            reason = "it could not be decided"
+        if reason:
+            self.unrequested = reason
+        return not reason
 
-    def _requested(self, value: Any) -> bool:
+    def _requested(self, value: Any) -> str:
+        """"" when requested, else why not (what the reviewer reads)."""
         arguments = list(value.values()) if isinstance(value, dict) else [value]
         inputs = self.session.inputs
         said = [f" {_words(text)} " for text in outputs.strings_in(inputs)]
         given = [_given(v, said) for v in arguments]
         if not any(given):
-            return False
+            return "no argument is something the user asked for"
         taint = self.taint()
         if taint.full:
-            return False
+            return "the run read more than the server keeps"
         found = [source for v, ok in zip(arguments, given, strict=True) if not ok
                  for _, source in taint.sources_of(v)]
         if not found:
-            return True
+            return ""
         named = self._named_reads({source.step_index for source in found})
-        return all(named.get(source.step_index) == source.tool for source in found)
+        unnamed = [source for source in found if named.get(source.step_index) != source.tool]
+        if unnamed:
+            return f"it came from {unnamed[0].tool} at step {unnamed[0].step_index}, a read the user did not name"
+        return ""
 
     def _named_reads(self, steps: set[int]) -> dict[int, str]:
         """{step: tool} of the run's earlier calls at `steps` whose args name an address the user

@@ -120,10 +120,20 @@ def strings_in(value: Any) -> Iterator[str]:
 
 def split(output: Any, fields: Iterable[str]) -> tuple[list[Any], list[Any]]:
     """(untrusted parts, trusted parts) of an untrusted tool's output: the values under `fields`
-    wherever they occur, and the rest. No fields: the whole output is untrusted."""
+    wherever they occur, and the rest. No fields: the whole output is untrusted. A string output is
+    parsed as JSON (an adapter may have sent a tool's dict as its text); one that is not a JSON map
+    or list has no fields to tell apart, so it is untrusted whole (else an untrusted tool's plain
+    text would vouch for itself)."""
     names = set(fields)
     if not names:
         return [output], []
+    if isinstance(output, str):
+        try:
+            output = json.loads(output)
+        except ValueError:
+            return [output], []
+        if not isinstance(output, dict | list):
+            return [output], []
     untrusted: list[Any] = []
     trusted: list[Any] = []
     stack = [output]
