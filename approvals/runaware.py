@@ -209,7 +209,8 @@ class RunView:
                 unknown.add(step)
                 continue
             tools = taint.calls.get(step, [])
-            flag = taint.named.get((step, tools[0])) if len(tools) == 1 else False
+            # No tainted output of that tool at the step: no source there can be its call.
+            flag = taint.named.get((step, tools[0]), False) if len(tools) == 1 else False
             if flag is None:
                 unknown.add(step)
             else:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Sum
 
 from effects.models import RunFingerprint
@@ -355,9 +355,9 @@ def _rows(session_id: Any, before_step: int | None,
     one statement, written out once per backend (on the intercept, the ORM's compilation of the
     first half cost ~0.7 ms of CPU, and a second statement for the calls a round trip more:
     bench/run_aware.py). JSON is left as read (text on both backends)."""
-    meta = RunFingerprint._meta
-    session = meta.get_field("session").target_field.get_db_prep_value(session_id, connection)
-    key = (connection.vendor, before_step is not None, with_calls)
+    db = connections[DEFAULT_DB_ALIAS]  # the proxy's every attribute is a context-local lookup
+    session = RunFingerprint._meta.get_field("session").target_field.get_db_prep_value(session_id, db)
+    key = (db.vendor, before_step is not None, with_calls)
     sql = _SQL.get(key)
     if sql is None:
         sql = _SQL[key] = _statement(before_step is not None, with_calls)
@@ -365,28 +365,28 @@ def _rows(session_id: Any, before_step: int | None,
     params: list[Any] = [session, *bounded]
     if with_calls:
         params += [session, session, *bounded] * 2
-    if connection.vendor == "postgresql":
-        return _prepared(sql, params)
-    with connection.cursor() as cursor:
+    if db.vendor == "postgresql":
+        return _prepared(db, sql, params)
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
 
-def _prepared(sql: str, params: list[Any]) -> list[tuple]:
+def _prepared(db: Any, sql: str, params: list[Any]) -> list[tuple]:
     """On PostgreSQL the statement is prepared on the server, once per connection (as the fast
     path's, lifecycle/fastpath.py): planning the UNION was 0.3 ms of its 0.45, every call. Logged
     as Django logs its own, so tests that pin statements count it."""
     import psycopg
 
-    connection.ensure_connection()
+    db.ensure_connection()
     started = time.monotonic()
     try:
-        with psycopg.Cursor(connection.connection) as cursor:
+        with psycopg.Cursor(db.connection) as cursor:
             cursor.execute(sql, params, prepare=True)
             return cursor.fetchall()
     finally:
-        if connection.queries_logged:
-            connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+        if db.queries_logged:
+            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 def _statement(bounded: bool, with_calls: bool) -> str:

@@ -315,6 +315,19 @@ def test_an_address_read_from_a_page_the_user_named_by_url_is_what_the_user_aske
     assert response.json()["approval"]["decided_by"] == "rule:writes-ok"
 
 
+def test_whether_a_read_named_the_users_address_is_kept_when_reported_and_read_back_from_args_without_it(web):
+    run = start(web, inputs={"prompt": DORA_TASK})
+    dora = {"user": "Dora", "user_email": "dora@dora-mail.example"}
+
+    kept = intercept(web, run, "invite_user", dora, 2, safe_calls=[page(1)])
+    assert RunFingerprint.objects.get(session_id=run, tool_name="get_webpage").named is True
+    RunFingerprint.objects.filter(session_id=run).update(named=None)  # as a row written before it was kept
+    traced = intercept(web, run, "invite_user", dora, 3)
+
+    assert kept.json()["approval"]["decided_by"] == "rule:writes-ok"
+    assert traced.json()["approval"]["decided_by"] == "rule:writes-ok"
+
+
 def test_the_address_an_injection_put_on_that_page_waits_with_why_naming_the_step(web):
     run = start(web, inputs={"prompt": DORA_TASK})
 
