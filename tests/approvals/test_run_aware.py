@@ -14,6 +14,7 @@ from approvals import rules
 from approvals.events import why_text
 from approvals.models import ApprovalRequest
 from approvals.rules import Rule
+from approvals.slack import message as slack_message
 from effects.models import CompensationFunction, Effect, RunFingerprint, SafeCall, Session
 from tests.conftest import Persona, intercept
 from tests.receiver import Receiver
@@ -379,6 +380,9 @@ def test_why_says_a_value_was_not_named_in_the_users_request(web):
     text = browser.get(f"/approvals/{approval.id}/").content.decode()
     assert "text others wrote, and was not named in the user's request" in text
     assert "Not what the user asked for: no argument is something the user asked for." in text
+    posted = slack_message(ApprovalRequest.objects.select_related("session__agent", "effect").get(pk=approval.pk))
+    assert {"type": "section", "text": {"type": "mrkdwn", "text": "*Why it waits*\nrule tainted-write: recipient came "
+            "from read_channel at step 1 and was not named in the user's request"}} in posted["blocks"]
     held = ApprovalRequest.objects.get(effect_id=nothing_said.json()["effect"]["id"]).why[0]
     assert held["requested"] is False and held["tainted"][0]["arg"] == "user_email"
     assert held["requested_reason"] == "no argument is something the user asked for"  # "Fred" is not the user's
