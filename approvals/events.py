@@ -7,7 +7,7 @@ the same `{"type", "payload"}` body as the websocket (or a Slack rendering of it
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
@@ -68,19 +68,30 @@ class TaintedDict(TypedDict):
 
 
 class WhyDict(TypedDict):
-    """Why a rule holds a call: the rule, its message, and what `tainted()` found."""
+    """Why a rule holds a call: the rule, its message, what `tainted()` found, and, when
+    `requested()` said no on the way, `requested: false` with the reason."""
 
     rule: str
     message: str
     tainted: list[TaintedDict]
+    requested: NotRequired[bool]
+    requested_reason: NotRequired[str]
+
+
+NOT_REQUESTED = "and was not named in the user's request"
 
 
 def why_text(why: list[dict]) -> str:
-    """One line for the queue card and Slack: 'rule x: to came from read_inbox at step 2'."""
+    """One line for the queue card and Slack: 'rule x: to came from read_inbox at step 2' (and,
+    when `requested()` said no, 'and was not named in the user's request')."""
     parts = []
     for item in why or []:
-        found = "; ".join(f"{t['arg']} came from {t['from_tool']} at step {t['from_step']}"
+        unrequested = item.get("requested") is False
+        suffix = f" {NOT_REQUESTED}" if unrequested else ""
+        found = "; ".join(f"{t['arg']} came from {t['from_tool']} at step {t['from_step']}{suffix}"
                           for t in item.get("tainted") or [])
+        if not found and unrequested:
+            found = f"not what the user asked for: {item.get('requested_reason') or 'not named in the request'}"
         parts.append(f"rule {item.get('rule')}: {found or item.get('message') or 'matched'}")
     return " · ".join(parts)
 

@@ -456,7 +456,7 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         return verdict
     for rule in rules:
         if view is not None:
-            view.hits = []
+            view.hits, view.unrequested = [], None
         if not rule.matches(context):
             continue
         if rule.mode == Rule.Mode.OBSERVE:
@@ -465,6 +465,9 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         verdict.rule = rule
         verdict.why = [{"rule": rule.name, "message": rule.message,
                         "tainted": _distinct(view.hits if view is not None else [])}]
+        if view is not None and view.unrequested:
+            # `requested()` said no on the way: not named in the user's request, and why.
+            verdict.why[0].update(requested=False, requested_reason=view.unrequested)
         break
     return verdict
 
@@ -492,7 +495,7 @@ def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[
     if reads or "run" in wanted:
         step = step_index if step_index is not None else getattr(effect, "step_index", session.step_index)
         view = runaware.RunView(session, agent.id, step_index=step, moment=timezone.now(),
-                                exclude=getattr(effect, "pk", None), args=args)
+                                exclude=getattr(effect, "pk", None), args=args, reads=reads)
     # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
     builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
                 "run": lambda: run_of(session, view, reads), "now": lambda: now_in(org),

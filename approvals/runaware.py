@@ -77,35 +77,7 @@ def domain(text: Any) -> str:
     return found[0] if found else ""
 
 
-# A file name: a name, a dot, an extension that starts with a letter ("report-q3.pdf"); a bare host
-# (the common top-level domains). Neither may go on ("dora.com.evil.example" names neither).
-_END = r"(?![\w-]|\.\w)"
-_FILE = re.compile(r"(?<![\w.@/-])[a-z0-9_][a-z0-9_.-]*\.[a-z][a-z0-9]{0,4}" + _END)
-_BARE_HOST = re.compile(outputs._HOST.pattern + _END)
-
-
-def _address(text: str) -> str:
-    """An address as compared: no scheme, no leading `www.`, no trailing slash or punctuation."""
-    text = re.sub(r"^https?://", "", text.rstrip(outputs._TRAILING)).removeprefix("www.")
-    return text.rstrip("/")
-
-
-def addresses(value: Any) -> set[str]:
-    """The addresses inside a JSON value (lowercased): email addresses and URLs whole, then in the
-    rest bare hosts, file names and ids (a run of >= 8 letters and digits mixed, or >= 6 digits);
-    never a plain word, never a host or id inside a URL or address (it names only itself)."""
-    found: set[str] = set()
-    for text in outputs.strings_in(value):
-        rest = text.lower()
-        for pattern in (outputs._EMAIL, outputs._URL):
-            found.update(_address(m) for m in pattern.findall(rest))
-            rest = pattern.sub(" ", rest)
-        found.update(_address(m.group(0)) for m in _BARE_HOST.finditer(rest))
-        found.update(_address(m.group(0)) for m in _FILE.finditer(rest))
-        found.update(r for r in outputs._ALNUM.findall(rest) if not r.isdigit() and not r.isalpha())
-        found.update(outputs._DIGITS.findall(rest))
-    found.discard("")
-    return found
+addresses = outputs.addresses
 
 
 def _words(text: str) -> str:
@@ -129,16 +101,22 @@ class RunView:
     """The run as one call's conditions see it: built lazily, each part at most once.
 
     `before_step` bounds what counts as "earlier" (the intercept: this call's step; the trial:
-    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect."""
+    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect,
+    `reads` what the rules read (with `requested`, the calls it asks about come with the fingerprints,
+    in one statement)."""
 
     def __init__(self, session: Any, agent_id: Any, *, step_index: int, moment: datetime,
-                 exclude: Any = None, args: dict[str, Any] | None = None) -> None:
+                 exclude: Any = None, args: dict[str, Any] | None = None,
+                 reads: frozenset[str] = frozenset()) -> None:
         self.session, self.agent_id, self.step_index = session, agent_id, step_index
+        self.reads = reads
         self.args, self._arg_of = args, None
         self.moment, self.exclude = moment, exclude
         self._taint: outputs.RunTaint | None = None
         self._windows: dict[tuple, Any] = {}
         self.hits: list[dict[str, Any]] = []
+        # Why `requested()` said no while a rule was evaluated (reset per rule, as `hits`): for `why`.
+        self.unrequested: str | None = None
         self._named: dict[int, str] | None = None
 
     # ------------------------------------------------------------ variables
@@ -166,7 +144,8 @@ class RunView:
 
     def taint(self) -> outputs.RunTaint:
         if self._taint is None:
-            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index)
+            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index,
+                                                with_calls="requested" in self.reads)
         return self._taint
 
     def tainted(self, value: Any) -> bool:
@@ -175,7 +154,7 @@ class RunView:
             # CEL hands over the value, not where it sits: name the argument that carries the token.
             if self._arg_of is None:
                 self._arg_of = {}
-                for hit in self.taint().hits(self.args):
+                for hit in (found if value == self.args else self.taint().hits(self.args)):
                     self._arg_of.setdefault(hit["token"], hit["arg"])
             found = [{**hit, "arg": self._arg_of.get(hit["token"], hit["arg"])} for hit in found]
         self.hits.extend(found)
@@ -185,43 +164,64 @@ class RunView:
         """See the module docstring. `value` a map: its entries are the arguments; else it is the one.
         Never raises: an error inside a condition is no match, and `!requested(...)` must then hold."""
         try:
-            return self._requested(value)
+            reason = self._requested(value)
         except Exception:
-            return False
+            reason = "it could not be decided"
+        if reason:
+            self.unrequested = reason
+        return not reason
 
-    def _requested(self, value: Any) -> bool:
+    def _requested(self, value: Any) -> str:
+        """"" when requested, else why not (what the reviewer reads)."""
         arguments = list(value.values()) if isinstance(value, dict) else [value]
         inputs = self.session.inputs
         said = [f" {_words(text)} " for text in outputs.strings_in(inputs)]
         given = [_given(v, said) for v in arguments]
         if not any(given):
-            return False
+            return "no argument is something the user asked for"
         taint = self.taint()
         if taint.full:
-            return False
+            return "the run read more than the server keeps"
         found = [source for v, ok in zip(arguments, given, strict=True) if not ok
                  for _, source in taint.sources_of(v)]
         if not found:
-            return True
-        addressed = addresses(inputs)
-        if not addressed:  # the user named no address: no read was named
-            return False
-        named = self._named_reads({source.step_index for source in found}, addressed)
-        return all(named.get(source.step_index) == source.tool for source in found)
+            return ""
+        named = self._named_reads({source.step_index for source in found})
+        unnamed = [source for source in found if named.get(source.step_index) != source.tool]
+        if unnamed:
+            return f"it came from {unnamed[0].tool} at step {unnamed[0].step_index}, a read the user did not name"
+        return ""
 
-    def _named_reads(self, steps: set[int], addressed: set[str]) -> dict[int, str]:
-        """{step: tool} of the run's earlier calls at `steps` (one query, for the steps not asked
-        before) whose args name an address the user gave; "" for any other step."""
+    def _named_reads(self, steps: set[int]) -> dict[int, str]:
+        """{step: tool} of the run's earlier calls at `steps` whose args name an address the user
+        gave; "" for any other step. One call a step: none, or two at one step (a SAFE call and an
+        effect), is unclear. Whether a read named one was kept with its fingerprints when it was
+        reported (`RunFingerprint.named`), and its step's calls come with them (`RunTaint.calls`);
+        only for a row without it (written before it was kept, a committed result) are the args
+        read and compared here (one query, for the steps not asked before)."""
         if self._named is None:
             self._named = {}
         missing = {step for step in steps if step not in self._named and step < self.step_index}
-        if missing:
+        taint = self.taint()
+        unknown: set[int] = set()
+        for step in missing:
+            if taint.calls is None:
+                unknown.add(step)
+                continue
+            tools = taint.calls.get(step, [])
+            # No tainted output of that tool at the step: no source there can be its call.
+            flag = taint.named.get((step, tools[0]), False) if len(tools) == 1 else False
+            if flag is None:
+                unknown.add(step)
+            else:
+                self._named[step] = tools[0] if flag else ""
+        if unknown:
+            addressed = addresses(self.session.inputs)
             calls: dict[int, list[tuple[str, Any]]] = {}
-            for step, tool, args in _calls_at(self.session.pk, sorted(missing)):
+            for step, tool, args in _calls_at(self.session.pk, sorted(unknown)) if addressed else ():
                 calls.setdefault(step, []).append((tool, args))
-            for step in missing:
+            for step in unknown:
                 found = calls.get(step, [])
-                # One call a step: none, or two rows at one step (a SAFE call and an effect), is unclear.
                 self._named[step] = found[0][0] if len(found) == 1 and addresses(found[0][1]) & addressed else ""
         return self._named
 

@@ -8,7 +8,7 @@ request is the irreversible call of a fresh run (its `inputs` the user's request
 with the call, an untrusted read of a channel named by a plain word whose text carries the
 recipient: every rule holds the call, so every org does the same writes, and the run-aware rule
 takes its longest path (`tainted()` finds the token, `requested()` finds the user's word in an
-argument and traces the token to a read the user did not name: its queries all run). Rounds
+argument and traces the token to a read the user did not name: all of its work is done). Rounds
 alternate between the orgs; the report also counts each request's SQL statements, and times
 `rules.decide` alone (wall and CPU), where the difference is not lost in the request's noise.
 

@@ -6,6 +6,10 @@ A SAFE call never touches the network: the SDK binds its args, numbers the step 
 queues the report. That must cost under 20 µs per call (issue 7). The session here
 runs on an httpx transport that fails any request after the session is opened, so
 a network call would also fail the benchmark.
+
+A SAFE tool labelled `untrusted` also reports what it returned (issue 25: the server keeps
+fingerprints of it for `tainted()`): for a 10 KiB output that must add under 50 µs, counted
+with the output's share of encoding the report it rides in (the next intercept's body).
 """
 
 from __future__ import annotations
@@ -26,8 +30,16 @@ except ImportError:  # a checkout without it: use the source
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk" / "src"))
 
 from undolog import ToolTier, UndoLogClient, undolog_tool
+from undolog._http import dumps
 
 GOAL_US = 20.0
+OUTPUT_GOAL_US = 50.0
+# An inbox read: ten mails of ~1 KiB, addresses and links in their bodies (what tainted() looks for).
+INBOX = [{"id": n, "sender": f"user{n}@example.com", "subject": f"Quarterly numbers, part {n}",
+          "body": (f"Hi team, the figures are attached; reply to finance-{n}@example.com or see "
+                   f"https://intranet.example.com/reports/{n} before Friday. ") * 8}
+         for n in range(10)]
+assert 10 * 1024 <= len(dumps(INBOX)) <= 11 * 1024, len(dumps(INBOX))
 
 
 def search(query: str, limit: int = 10) -> int:
@@ -38,8 +50,13 @@ async def asearch(query: str, limit: int = 10) -> int:
     return limit
 
 
+def read_inbox(query: str, limit: int = 10) -> list:
+    return INBOX
+
+
 safe_search = undolog_tool(search, tier=ToolTier.SAFE)
 safe_asearch = undolog_tool(asearch, tier=ToolTier.SAFE)
+safe_read_inbox = undolog_tool(read_inbox, tier=ToolTier.SAFE, labels=["untrusted"])
 
 
 def offline_client() -> UndoLogClient:
@@ -89,6 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     # Proof that the wrapped calls really went through the session (5 rounds each).
     assert len(session._safe) == 2 * 5 * calls, len(session._safe)
     session._safe.clear()  # the reports would go to the (fake) server on exit
+    # The untrusted read: the call in the session, then its report encoded as the intercept does.
+    plain, reading = per_call_us(read_inbox, calls), per_call_us(safe_read_inbox, calls)
+    reports = list(session._safe)
+    assert len(reports) == 5 * calls and reports[0]["output"] is INBOX, reports[0].keys()
+    session._safe.clear()
+    body = {"tool": "send_email", "args": {"to": "a@example.com"}, "step_index": 1}
+    with_report = {**body, "safe_calls": reports[:1]}
+    encode = (min(_timed(lambda: _encode(with_report, 1000)) for _ in range(5))
+              - min(_timed(lambda: _encode(body, 1000)) for _ in range(5))) / 1000 * 1e6
+    added = reading - plain + encode
     session._deactivate()
     worst = max(wrapped - bare, awrapped - abare)
     for label, b, w in (("sync ", bare, wrapped), ("async", abare, awrapped)):
@@ -96,7 +123,21 @@ def main(argv: list[str] | None = None) -> int:
               f"overhead {w - b:6.2f} µs  ratio {w / b:5.1f}x")
     verdict = "OK" if worst < GOAL_US else "TOO SLOW"
     print(f"SAFE overhead per call: {worst:.2f} µs (goal < {GOAL_US:g} µs): {verdict}")
-    return 0 if worst < GOAL_US else 1
+    print(f"untrusted read of a {len(dumps(INBOX)) / 1024:.1f} KiB output: call {reading - plain:5.2f} µs "
+          f"+ its report's encoding {encode:5.2f} µs = {added:.2f} µs added "
+          f"(goal < {OUTPUT_GOAL_US:g} µs): {'OK' if added < OUTPUT_GOAL_US else 'TOO SLOW'}")
+    return 0 if worst < GOAL_US and added < OUTPUT_GOAL_US else 1
+
+
+def _encode(body: dict, times: int) -> None:
+    for _ in range(times):  # each body encoded and dropped, as a sent request's is
+        dumps(body)
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -439,6 +439,10 @@ class RunFingerprint(models.Model):
     tainted = models.JSONField(default=list, editable=False)
     vouched = models.JSONField(default=list, editable=False)
     size = models.PositiveIntegerField(default=0, editable=False)  # len(tainted) + len(vouched): the run's bound
+    # Whether the call that read this output named an address the user gave (its args and the run's
+    # inputs share one: `requested()`), decided when it was reported so the intercept need not read
+    # the call's args again. None: written before it was kept (the args are read then).
+    named = models.BooleanField(null=True, editable=False)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

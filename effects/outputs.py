@@ -27,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Sum
 
 from effects.models import RunFingerprint
@@ -55,13 +56,21 @@ _WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
 _TRAILING = ".,;:!?"
 
 
+_KEYS: dict[str, bytes] = {}
+
+
 def _key() -> bytes:
-    return hashlib.sha256(f"undolog-fingerprint:{settings.SECRET_KEY}".encode()).digest()[:32]
+    # Derived once per secret (a sha256 per token was a tenth of a run-aware rule's CPU).
+    secret = settings.SECRET_KEY
+    key = _KEYS.get(secret)
+    if key is None:
+        key = _KEYS[secret] = hashlib.sha256(f"undolog-fingerprint:{secret}".encode()).digest()[:32]
+    return key
 
 
-def fingerprint(token: str) -> int:
+def fingerprint(token: str, key: bytes | None = None) -> int:
     """A keyed 63-bit hash (fits a signed 64-bit integer and JSON): the server never keeps the token."""
-    digest = hashlib.blake2b(token.encode(), digest_size=8, key=_key()).digest()
+    digest = hashlib.blake2b(token.encode(), digest_size=8, key=key or _key()).digest()
     return int.from_bytes(digest, "big") >> 1
 
 
@@ -111,10 +120,20 @@ def strings_in(value: Any) -> Iterator[str]:
 
 def split(output: Any, fields: Iterable[str]) -> tuple[list[Any], list[Any]]:
     """(untrusted parts, trusted parts) of an untrusted tool's output: the values under `fields`
-    wherever they occur, and the rest. No fields: the whole output is untrusted."""
+    wherever they occur, and the rest. No fields: the whole output is untrusted. A string output is
+    parsed as JSON (an adapter may have sent a tool's dict as its text); one that is not a JSON map
+    or list has no fields to tell apart, so it is untrusted whole (else an untrusted tool's plain
+    text would vouch for itself)."""
     names = set(fields)
     if not names:
         return [output], []
+    if isinstance(output, str):
+        try:
+            output = json.loads(output)
+        except ValueError:
+            return [output], []
+        if not isinstance(output, dict | list):
+            return [output], []
     untrusted: list[Any] = []
     trusted: list[Any] = []
     stack = [output]
@@ -160,10 +179,44 @@ def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
     return prose, rest
 
 
+# A file name: a name, a dot, an extension that starts with a letter ("report-q3.pdf"); a bare host
+# (the common top-level domains). Neither may go on ("dora.com.evil.example" names neither).
+_END = r"(?![\w-]|\.\w)"
+_FILE = re.compile(r"(?<![\w.@/-])[a-z0-9_][a-z0-9_.-]*\.[a-z][a-z0-9]{0,4}" + _END)
+_BARE_HOST = re.compile(_HOST.pattern + _END)
+
+
+def _address(text: str) -> str:
+    """An address as compared: no scheme, no leading `www.`, no trailing slash or punctuation."""
+    text = re.sub(r"^https?://", "", text.rstrip(_TRAILING)).removeprefix("www.")
+    return text.rstrip("/")
+
+
+def addresses(value: Any) -> set[str]:
+    """The addresses inside a JSON value (lowercased): email addresses and URLs whole, then in the
+    rest bare hosts, file names and ids (a run of >= 8 letters and digits mixed, or >= 6 digits);
+    never a plain word, never a host or id inside a URL or address (it names only itself)."""
+    found: set[str] = set()
+    for text in strings_in(value):
+        rest = text.lower()
+        for pattern in (_EMAIL, _URL):
+            found.update(_address(m) for m in pattern.findall(rest))
+            rest = pattern.sub(" ", rest)
+        found.update(_address(m.group(0)) for m in _BARE_HOST.finditer(rest))
+        found.update(_address(m.group(0)) for m in _FILE.finditer(rest))
+        found.update(r for r in _ALNUM.findall(rest) if not r.isdigit() and not r.isalpha())
+        found.update(_DIGITS.findall(rest))
+    found.discard("")
+    return found
+
+
 def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, labels: Iterable[str] = (),
-           untrusted_fields: Iterable[str] = (), inputs: bool = False) -> None:
+           untrusted_fields: Iterable[str] = (), inputs: bool = False, args: Any = None,
+           run_inputs: Any = None) -> None:
     """Keep the fingerprints of one output of the run (in the caller's transaction), within the run's
-    bound. `inputs`: the user's request, trusted as a whole (its tokens, whole values and phrases)."""
+    bound. `inputs`: the user's request, trusted as a whole (its tokens, whole values and phrases).
+    `args` (the call that read it) and `run_inputs` (the run's request): whether the call named an
+    address the user gave is kept with them (`requested()` asks it of every tainted source)."""
     if output is None:
         return
     if inputs:
@@ -187,9 +240,11 @@ def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, lab
         if not RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
             RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=FULL)
         return
+    # Only a read with tainted tokens is ever a source; None for the rest (and when not told the args).
+    named = bool(addresses(args) & addresses(run_inputs)) if tainted and args is not None else None
     RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=tool_name[:200],
                                   tainted=sorted(tainted), vouched=sorted(vouched),
-                                  size=len(tainted) + len(vouched))
+                                  size=len(tainted) + len(vouched), named=named)
 
 
 def _kept(session_id: Any) -> int:
@@ -207,6 +262,9 @@ class Source:
     tool: str
 
 
+CALL = 1  # a row of `_rows` that is a call at an output's step, not a fingerprint row
+
+
 @dataclass
 class RunTaint:
     """A run's fingerprints as `tainted()` reads them: the first untrusted sighting of each
@@ -218,16 +276,33 @@ class RunTaint:
     sightings: dict[int, list[Source]] = field(default_factory=dict)
     full: bool = False
     full_source: Source | None = None
+    # With `with_calls`: {step: [tool]} of the run's calls (SAFE and effects) at the steps of its
+    # outputs, read in the same statement as the fingerprints, and {(step, tool): named} of its
+    # tainted outputs (`RunFingerprint.named`), for `requested()`. None: not read.
+    calls: dict[int, list[str]] | None = None
+    named: dict[tuple[int, str], bool | None] = field(default_factory=dict)
+    # Each string's (token, fingerprint)s, cut and hashed once however many functions ask (the
+    # intercept's `tainted(args) && !requested(args)` asks three times of the same args).
+    _prints: dict[str, list[tuple[str, int]]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
-        taint = cls()
+    def load(cls, session_id: Any, before_step: int | None = None, *, with_calls: bool = False) -> RunTaint:
+        taint = cls(calls={} if with_calls else None)
         vouched: set[int] = set()
-        for step_index, tool_name, tainted, vouched_here in _fingerprint_rows(session_id, before_step):
+        for kind, step_index, _, tool_name, tainted, vouched_here, named in _rows(session_id, before_step,
+                                                                                 with_calls):
+            if kind == CALL:
+                taint.calls.setdefault(step_index, []).append(tool_name)
+                continue
             if tool_name == FULL:
                 taint.full, taint.full_source = True, Source(step_index, "(too many outputs to keep)")
                 continue
-            vouched.update(vouched_here)
+            vouched.update(_json(vouched_here))
+            tainted = _json(tainted)
+            if tainted and with_calls:
+                # A step's outputs came from its one call: were they told apart, any not known is unknown.
+                known = taint.named.get((step_index, tool_name), True)
+                taint.named[(step_index, tool_name)] = None if named is None or known is None else known and named
             for fp in tainted:
                 if fp not in vouched:
                     source = Source(step_index, tool_name)
@@ -235,12 +310,21 @@ class RunTaint:
                     taint.sightings.setdefault(fp, []).append(source)
         return taint
 
+    def prints(self, text: str) -> list[tuple[str, int]]:
+        found = self._prints.get(text)
+        if found is None:
+            key = _key()
+            found = self._prints[text] = [(token, fingerprint(token, key)) for token in tokens_of(text)]
+        return found
+
     def hits(self, value: Any, path: str = "") -> list[dict[str, Any]]:
         """Each string inside `value` that carries a tainted token: {arg, token, from_step, from_tool}."""
         found = []
+        if not self.sources and not self.full:  # nothing untrusted was read: no string can carry it
+            return found
         for where, text in _strings_with_paths(value, path):
-            for token in tokens_of(text):
-                source = self.sources.get(fingerprint(token))
+            for token, fp in self.prints(text):
+                source = self.sources.get(fp)
                 if source is None and self.full and token:
                     source = self.full_source
                 if source is not None:
@@ -249,37 +333,83 @@ class RunTaint:
                     break
         return found
 
-
     def sources_of(self, value: Any) -> list[tuple[str, Source]]:
         """Every tainted token inside `value` (not only each string's first) with each of its
         untrusted sightings: [(token, source)]."""
         found = []
+        if not self.sightings:
+            return found
         for text in strings_in(value):
-            for token in tokens_of(text):
-                found.extend((token, source) for source in self.sightings.get(fingerprint(token), ()))
+            for token, fp in self.prints(text):
+                found.extend((token, source) for source in self.sightings.get(fp, ()))
         return found
 
+_SQL: dict[tuple[str, bool, bool], str] = {}
 
-def _fingerprint_rows(session_id: Any, before_step: int | None) -> list[tuple[int, str, list, list]]:
-    """(step, tool, tainted, vouched) of a run's fingerprint rows before `before_step`, in order: one
-    statement, written out (on the intercept, the ORM's compilation of this query cost ~0.7 ms of
-    CPU, most of what a run-aware rule cost: bench/run_aware.py)."""
-    meta, quote = RunFingerprint._meta, connection.ops.quote_name
-    column = {name: quote(meta.get_field(name).column) for name in ("session", "step_index", "tool_name", "tainted",
-                                                                     "vouched")}
-    session = meta.get_field("session").target_field.get_db_prep_value(session_id, connection)
-    sql = (f"SELECT {column['step_index']}, {column['tool_name']}, {column['tainted']}, {column['vouched']} "
-           f"FROM {quote(meta.db_table)} WHERE {column['session']} = %s")
-    params: list[Any] = [session]
-    if before_step is not None:
-        sql += f" AND {column['step_index']} < %s"
-        params.append(before_step)
-    sql += f" ORDER BY {column['step_index']}, {quote(meta.pk.column)}"
-    with connection.cursor() as cursor:
+
+def _rows(session_id: Any, before_step: int | None,
+          with_calls: bool) -> list[tuple[int, int, int, str, Any, Any, bool | None]]:
+    """(kind, step, seq, tool, tainted, vouched, named) of a run's fingerprint rows before
+    `before_step`, in order, and with `with_calls` (CALL, step, 0, tool, None, None, None) of its
+    calls at those rows' steps:
+    one statement, written out once per backend (on the intercept, the ORM's compilation of the
+    first half cost ~0.7 ms of CPU, and a second statement for the calls a round trip more:
+    bench/run_aware.py). JSON is left as read (text on both backends)."""
+    db = connections[DEFAULT_DB_ALIAS]  # the proxy's every attribute is a context-local lookup
+    session = RunFingerprint._meta.get_field("session").target_field.get_db_prep_value(session_id, db)
+    key = (db.vendor, before_step is not None, with_calls)
+    sql = _SQL.get(key)
+    if sql is None:
+        sql = _SQL[key] = _statement(before_step is not None, with_calls)
+    bounded = [before_step] if before_step is not None else []
+    params: list[Any] = [session, *bounded]
+    if with_calls:
+        params += [session, session, *bounded] * 2
+    if db.vendor == "postgresql":
+        return _prepared(db, sql, params)
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    # JSON comes back as text on both backends (Django loads jsonb as text and parses it in the field).
-    return [(step, tool, _json(tainted), _json(vouched)) for step, tool, tainted, vouched in rows]
+        return cursor.fetchall()
+
+
+def _prepared(db: Any, sql: str, params: list[Any]) -> list[tuple]:
+    """On PostgreSQL the statement is prepared on the server, once per connection (as the fast
+    path's, lifecycle/fastpath.py): planning the UNION was 0.3 ms of its 0.45, every call. Logged
+    as Django logs its own, so tests that pin statements count it."""
+    import psycopg
+
+    db.ensure_connection()
+    started = time.monotonic()
+    try:
+        with psycopg.Cursor(db.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.fetchall()
+    finally:
+        if db.queries_logged:
+            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+
+def _statement(bounded: bool, with_calls: bool) -> str:
+    from effects.models import Effect, SafeCall
+
+    quote = connection.ops.quote_name
+
+    def columns(model: Any) -> dict[str, str]:
+        return {f.name: quote(f.column) for f in model._meta.concrete_fields}
+
+    fp, table = columns(RunFingerprint), quote(RunFingerprint._meta.db_table)
+    before = f" AND {fp['step_index']} < %s" if bounded else ""
+    selects = [f"SELECT 0 AS kind, {fp['step_index']} AS step, {fp['id']} AS seq, {fp['tool_name']} AS tool, "
+               f"{fp['tainted']} AS first, {fp['vouched']} AS second, {fp['named']} AS named FROM {table} "
+               f"WHERE {fp['session']} = %s{before}"]
+    if with_calls:
+        steps = f"SELECT {fp['step_index']} FROM {table} WHERE {fp['session']} = %s{before}"
+        for model in (SafeCall, Effect):
+            call = columns(model)
+            selects.append(f"SELECT {CALL}, {call['step_index']}, 0, {call['tool_name']}, NULL, NULL, NULL "
+                           f"FROM {quote(model._meta.db_table)} WHERE {call['session']} = %s "
+                           f"AND {call['step_index']} IN ({steps})")
+    return " UNION ALL ".join(selects) + " ORDER BY kind, step, seq"
 
 
 def _json(value: Any) -> Any:

@@ -404,7 +404,8 @@ def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools
         if safe.output is not NO_OUTPUT:
             tool = tools.get(safe.tool)
             outputs.record(session.id, safe.step_index, safe.tool, safe.output,
-                           labels=tool.labels if tool else (), untrusted_fields=tool.untrusted_fields if tool else ())
+                           labels=tool.labels if tool else (), untrusted_fields=tool.untrusted_fields if tool else (),
+                           args=safe.args, run_inputs=session.inputs)
     session.step_index = max(session.step_index, *fresh)
 
 

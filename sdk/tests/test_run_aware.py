@@ -86,3 +86,19 @@ def test_the_mcp_import_suggests_labels_from_hints() -> None:
     untrusted_spec, _ = spec_for(web, trusted=False)
     assert trusted_spec.labels == ("external",)
     assert untrusted_spec.labels == ("external", "untrusted")
+
+
+def test_the_gateway_reports_an_untrusted_reads_plain_text_as_the_text() -> None:
+    # Wrapped as {"text": ...} (what a commit reads), a tool naming untrusted_fields would have
+    # had its whole answer under a key it does not name: trusted. As the text, it is tainted whole.
+    from mcp import types
+
+    from undolog.gateway.upstream import reported_value, result_value
+
+    said = "mail mallory@evil.io"
+    plain = types.CallToolResult(content=[types.TextContent(type="text", text=said)])
+    listed = types.CallToolResult(content=[types.TextContent(type="text", text='{"body": "x"}')])
+
+    assert reported_value(plain) == said
+    assert result_value(plain) == {"text": said}
+    assert reported_value(listed) == {"body": "x"}

@@ -73,9 +73,14 @@
   // The same line as the server's (approvals/events.py why_text): which argument came from which call.
   function whyText(why) {
     return why.map(function (w) {
+      var unrequested = w.requested === false;
+      var suffix = unrequested ? " and was not named in the user's request" : "";
       var found = (w.tainted || []).map(function (t) {
-        return t.arg + " came from " + t.from_tool + " at step " + t.from_step;
+        return t.arg + " came from " + t.from_tool + " at step " + t.from_step + suffix;
       }).join("; ");
+      if (!found && unrequested) {
+        found = "not what the user asked for: " + (w.requested_reason || "not named in the request");
+      }
       return "rule " + w.rule + ": " + (found || w.message || "matched");
     }).join(" · ");
   }

@@ -52,7 +52,7 @@ from ..mcp import spec_for
 from ..session import _NO_OUTPUT, Session
 from ..tiers import ApprovalSpec, ToolSpec, ToolTier
 from .config import GatewayConfig, ServerConfig
-from .upstream import Upstream, UpstreamToolError, result_value
+from .upstream import Upstream, UpstreamToolError, reported_value, result_value
 
 __all__ = ["FAIL_RUN", "FINISH_RUN", "RUN_ARG", "START_RUN", "Caller", "Gateway", "Route"]
 
@@ -540,7 +540,7 @@ class Gateway:
             result = await upstream.call(route.upstream_name, args)
             if route.declared.spec.reports_output:
                 # What the model reads, errors included: an error's text may carry others' words.
-                run.record_safe(route.exposed, args, result_value(result))
+                run.record_safe(route.exposed, args, reported_value(result))
             else:
                 run.record_safe(route.exposed, args)
             return result

@@ -41,6 +41,20 @@ def result_value(result: Any) -> Any:
         return {"text": text}
 
 
+def reported_value(result: Any) -> Any:
+    """What a SAFE read labelled ``untrusted`` reports as its output: as ``result_value``, but a
+    text that is not JSON goes as the text, not ``{"text": ...}`` (the server then treats it as
+    untrusted whole; wrapped, its ``text`` key was no field the tool names, so it vouched)."""
+    structured = getattr(result, "structured_content", None)
+    if structured is not None:
+        return structured
+    text = text_of(result)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 class Upstream:
     """A live client session to one upstream server; calls may run concurrently on it."""
 
