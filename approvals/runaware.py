@@ -144,8 +144,7 @@ class RunView:
 
     def taint(self) -> outputs.RunTaint:
         if self._taint is None:
-            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index,
-                                                with_calls="requested" in self.reads)
+            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index)
         return self._taint
 
     def tainted(self, value: Any) -> bool:
@@ -193,28 +192,24 @@ class RunView:
         return ""
 
     def _named_reads(self, steps: set[int]) -> dict[int, str]:
-        """{step: tool} of the run's earlier calls at `steps` whose args name an address the user
-        gave; "" for any other step. One call a step: none, or two at one step (a SAFE call and an
-        effect), is unclear. Whether a read named one was kept with its fingerprints when it was
-        reported (`RunFingerprint.named`), and its step's calls come with them (`RunTaint.calls`);
-        only for a row without it (written before it was kept, a committed result) are the args
-        read and compared here (one query, for the steps not asked before)."""
+        """{step: tool} of the run's earlier reads at `steps` whose args named an address the user
+        gave; "" for any other step. Whether a read named one was kept with its fingerprints when it
+        was reported (`RunFingerprint.named`, that read's own args); only for a step without it (a
+        row written before it was kept, a committed result) or with two tainted reads are the args
+        read and compared here (one query, for the steps not asked before), where one call a step
+        is the rule: none, or two at one step (a SAFE call and an effect), is unclear."""
         if self._named is None:
             self._named = {}
         missing = {step for step in steps if step not in self._named and step < self.step_index}
         taint = self.taint()
         unknown: set[int] = set()
         for step in missing:
-            if taint.calls is None:
-                unknown.add(step)
-                continue
-            tools = taint.calls.get(step, [])
-            # No tainted output of that tool at the step: no source there can be its call.
-            flag = taint.named.get((step, tools[0]), False) if len(tools) == 1 else False
-            if flag is None:
-                unknown.add(step)
+            flags = taint.named.get(step, {})
+            if len(flags) == 1 and None not in flags.values():
+                ((tool, named),) = flags.items()
+                self._named[step] = tool if named else ""
             else:
-                self._named[step] = tools[0] if flag else ""
+                unknown.add(step)
         if unknown:
             addressed = addresses(self.session.inputs)
             calls: dict[int, list[tuple[str, Any]]] = {}

@@ -262,9 +262,6 @@ class Source:
     tool: str
 
 
-CALL = 1  # a row of `_rows` that is a call at an output's step, not a fingerprint row
-
-
 @dataclass
 class RunTaint:
     """A run's fingerprints as `tainted()` reads them: the first untrusted sighting of each
@@ -276,33 +273,28 @@ class RunTaint:
     sightings: dict[int, list[Source]] = field(default_factory=dict)
     full: bool = False
     full_source: Source | None = None
-    # With `with_calls`: {step: [tool]} of the run's calls (SAFE and effects) at the steps of its
-    # outputs, read in the same statement as the fingerprints, and {(step, tool): named} of its
-    # tainted outputs (`RunFingerprint.named`), for `requested()`. None: not read.
-    calls: dict[int, list[str]] | None = None
-    named: dict[tuple[int, str], bool | None] = field(default_factory=dict)
+    # {step: {tool: named}} of its tainted outputs (`RunFingerprint.named`, kept when the read was
+    # reported: whether that read's own args named an address the user gave; None: not known).
+    named: dict[int, dict[str, bool | None]] = field(default_factory=dict)
     # Each string's (token, fingerprint)s, cut and hashed once however many functions ask (the
     # intercept's `tainted(args) && !requested(args)` asks three times of the same args).
     _prints: dict[str, list[tuple[str, int]]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, session_id: Any, before_step: int | None = None, *, with_calls: bool = False) -> RunTaint:
-        taint = cls(calls={} if with_calls else None)
+    def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
+        taint = cls()
         vouched: set[int] = set()
-        for kind, step_index, _, tool_name, tainted, vouched_here, named in _rows(session_id, before_step,
-                                                                                 with_calls):
-            if kind == CALL:
-                taint.calls.setdefault(step_index, []).append(tool_name)
-                continue
+        for step_index, _, tool_name, tainted, vouched_here, named in _rows(session_id, before_step):
             if tool_name == FULL:
                 taint.full, taint.full_source = True, Source(step_index, "(too many outputs to keep)")
                 continue
             vouched.update(_json(vouched_here))
             tainted = _json(tainted)
-            if tainted and with_calls:
-                # A step's outputs came from its one call: were they told apart, any not known is unknown.
-                known = taint.named.get((step_index, tool_name), True)
-                taint.named[(step_index, tool_name)] = None if named is None or known is None else known and named
+            if tainted:
+                # One read's outputs in several rows: any not known makes it unknown.
+                flags = taint.named.setdefault(step_index, {})
+                known = flags.get(tool_name, True)
+                flags[tool_name] = None if named is None or known is None else known and named
             for fp in tainted:
                 if fp not in vouched:
                     source = Source(step_index, tool_name)
@@ -344,27 +336,20 @@ class RunTaint:
                 found.extend((token, source) for source in self.sightings.get(fp, ()))
         return found
 
-_SQL: dict[tuple[str, bool, bool], str] = {}
+_SQL: dict[tuple[str, bool], str] = {}
 
 
-def _rows(session_id: Any, before_step: int | None,
-          with_calls: bool) -> list[tuple[int, int, int, str, Any, Any, bool | None]]:
-    """(kind, step, seq, tool, tainted, vouched, named) of a run's fingerprint rows before
-    `before_step`, in order, and with `with_calls` (CALL, step, 0, tool, None, None, None) of its
-    calls at those rows' steps:
-    one statement, written out once per backend (on the intercept, the ORM's compilation of the
-    first half cost ~0.7 ms of CPU, and a second statement for the calls a round trip more:
-    bench/run_aware.py). JSON is left as read (text on both backends)."""
+def _rows(session_id: Any, before_step: int | None) -> list[tuple[int, int, str, Any, Any, bool | None]]:
+    """(step, seq, tool, tainted, vouched, named) of a run's fingerprint rows before `before_step`,
+    in order: one statement, written out once per backend (on the intercept, the ORM's compilation
+    cost ~0.7 ms of CPU: bench/run_aware.py). JSON is left as read (text on both backends)."""
     db = connections[DEFAULT_DB_ALIAS]  # the proxy's every attribute is a context-local lookup
     session = RunFingerprint._meta.get_field("session").target_field.get_db_prep_value(session_id, db)
-    key = (db.vendor, before_step is not None, with_calls)
+    key = (db.vendor, before_step is not None)
     sql = _SQL.get(key)
     if sql is None:
-        sql = _SQL[key] = _statement(before_step is not None, with_calls)
-    bounded = [before_step] if before_step is not None else []
-    params: list[Any] = [session, *bounded]
-    if with_calls:
-        params += [session, session, *bounded] * 2
+        sql = _SQL[key] = _statement(before_step is not None)
+    params: list[Any] = [session] if before_step is None else [session, before_step]
     if db.vendor == "postgresql":
         return _prepared(db, sql, params)
     with db.cursor() as cursor:
@@ -374,8 +359,8 @@ def _rows(session_id: Any, before_step: int | None,
 
 def _prepared(db: Any, sql: str, params: list[Any]) -> list[tuple]:
     """On PostgreSQL the statement is prepared on the server, once per connection (as the fast
-    path's, lifecycle/fastpath.py): planning the UNION was 0.3 ms of its 0.45, every call. Logged
-    as Django logs its own, so tests that pin statements count it."""
+    path's, lifecycle/fastpath.py): planning was most of its time, every call. Logged as Django
+    logs its own, so tests that pin statements count it."""
     import psycopg
 
     db.ensure_connection()
@@ -389,27 +374,13 @@ def _prepared(db: Any, sql: str, params: list[Any]) -> list[tuple]:
             db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
-def _statement(bounded: bool, with_calls: bool) -> str:
-    from effects.models import Effect, SafeCall
-
+def _statement(bounded: bool) -> str:
     quote = connection.ops.quote_name
-
-    def columns(model: Any) -> dict[str, str]:
-        return {f.name: quote(f.column) for f in model._meta.concrete_fields}
-
-    fp, table = columns(RunFingerprint), quote(RunFingerprint._meta.db_table)
+    fp = {f.name: quote(f.column) for f in RunFingerprint._meta.concrete_fields}
     before = f" AND {fp['step_index']} < %s" if bounded else ""
-    selects = [f"SELECT 0 AS kind, {fp['step_index']} AS step, {fp['id']} AS seq, {fp['tool_name']} AS tool, "
-               f"{fp['tainted']} AS first, {fp['vouched']} AS second, {fp['named']} AS named FROM {table} "
-               f"WHERE {fp['session']} = %s{before}"]
-    if with_calls:
-        steps = f"SELECT {fp['step_index']} FROM {table} WHERE {fp['session']} = %s{before}"
-        for model in (SafeCall, Effect):
-            call = columns(model)
-            selects.append(f"SELECT {CALL}, {call['step_index']}, 0, {call['tool_name']}, NULL, NULL, NULL "
-                           f"FROM {quote(model._meta.db_table)} WHERE {call['session']} = %s "
-                           f"AND {call['step_index']} IN ({steps})")
-    return " UNION ALL ".join(selects) + " ORDER BY kind, step, seq"
+    return (f"SELECT {fp['step_index']}, {fp['id']}, {fp['tool_name']}, {fp['tainted']}, {fp['vouched']}, "
+            f"{fp['named']} FROM {quote(RunFingerprint._meta.db_table)} WHERE {fp['session']} = %s{before} "
+            f"ORDER BY {fp['step_index']}, {fp['id']}")
 
 
 def _json(value: Any) -> Any:
