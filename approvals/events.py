@@ -165,7 +165,10 @@ def approval_payload(approval) -> ApprovalPayload:
     )
 
 
-def payload_for(event: Event) -> EventPayload | ApprovalEventPayload:
+def payload_for(event: Event, approval: Any = None) -> EventPayload | ApprovalEventPayload:
+    """The event's payload, its approval re-read as it is now; or, given `approval` (the fast
+    approval path's request, written in the event's own statement, with its effect, session,
+    agent and tool in memory), built from it without a query (~3 ms of ORM compilation less)."""
     base = EventPayload(
         id=str(event.id), kind=event.kind, org=str(event.org_id),
         agent=event.agent.name if event.agent_id and event.agent else None,
@@ -173,6 +176,8 @@ def payload_for(event: Event) -> EventPayload | ApprovalEventPayload:
         created=event.created.isoformat(), data=event.data,
     )
     approval_id = (event.data.get("approval") or {}).get("id") if event.kind in APPROVAL_KINDS else None
+    if approval is not None and approval_id == str(approval.id):
+        return ApprovalEventPayload(**base, approval=approval_payload(approval))
     if approval_id:
         approval = (ApprovalRequest.objects.select_related("effect__tool", "session__agent")
                     .filter(pk=approval_id, org_id=event.org_id).first())

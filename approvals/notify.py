@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.dispatch import receiver
 from django.utils import timezone
 
@@ -44,38 +44,52 @@ def requested_data(approval: ApprovalRequest) -> dict:
 
 
 @receiver(event_recorded, dispatch_uid="approvals.fan_out")
-def fan_out(sender, event: Event, **kwargs) -> None:
+def fan_out(sender, event: Event, approval: ApprovalRequest | None = None, hooks: list[OrgWebhook] | None = None,
+            slack: bool = True, **kwargs) -> None:
     """After the event's transaction committed (so never for a rolled-back change): dispatch it
     now. A failure here is logged and never turns a committed decision into an error: the
-    event stays undispatched and the sweep takes it."""
+    event stays undispatched and the sweep takes it. What the sender already holds (the fast
+    approval path: the request, the org's active webhooks, whether a Slack row can be due) is
+    passed on to `dispatch`, which then reads none of it again."""
     faults.hit("event.committed", event.kind)  # tests only: die between the commit and the fan-out
     try:
-        dispatch(event)
+        dispatch(event, approval=approval, hooks=hooks, slack=slack)
     except Exception:
         log.exception("could not dispatch event %s; the sweep will", event.pk)
 
 
-def dispatch(event: Event) -> list[Delivery] | None:
+def dispatch(event: Event, *, approval: ApprovalRequest | None = None, hooks: list[OrgWebhook] | None = None,
+             slack: bool = True) -> list[Delivery] | None:
     """Fan one event out, exactly once; its delivery rows, or None if someone else did.
 
-    1. Build the typed payload once (the approval as it is now).
-    2. In one transaction: claim the event (a guarded UPDATE of `fanned_out_at`: of the request
-       that recorded it and any number of sweeps, exactly one passes) and write its delivery
-       rows: one per active webhook that wants the kind, one email if the org wants one; and an
-       approval event's Slack message row (`approvals.slack`).
+    1. Build the typed payload once (the approval as it is now, or `approval` as its sender
+       just wrote it).
+    2. Claim the event (a guarded UPDATE of `fanned_out_at`: of the request that recorded it and
+       any number of sweeps, exactly one passes) and, in the claim's transaction, write its
+       delivery rows: one per active webhook that wants the kind (`hooks`, or read now), one
+       email if the org wants one; and an approval event's Slack message row (`approvals.slack`;
+       `slack=False`: the sender knows none is due). With nothing to write, the claim is one
+       statement in its own transaction.
     3. After that commit: publish to the org's Channels group and enqueue each row (a lost
        message is found by the deliveries sweep).
     """
-    payload = events.payload_for(event)
+    payload = events.payload_for(event, approval)
+    slack_due = slack and event.kind in SLACK_KINDS
+    if hooks is not None and not slack_due:
+        rows = _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
+        if not rows:
+            if not _claim(event):
+                return None
+            events.publish(event.org_id, event.kind, payload)
+            return rows
     with transaction.atomic():
-        claimed = Event.objects.filter(pk=event.pk, fanned_out_at__isnull=True).update(fanned_out_at=timezone.now())
-        if not claimed:
+        if not _claim(event):
             return None
-        rows = _webhook_rows(event, payload) + _email_rows(event, payload)
+        rows = _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
         Delivery.objects.bulk_create(rows, ignore_conflicts=True)
         for row in rows:
             row.enqueue_after_commit()
-        message = _slack_message(event)
+        message = _slack_message(event) if slack_due else None
         if message is not None:
             # Imported here: approvals.tasks imports this module (its tasks call notify).
             from approvals import tasks
@@ -83,6 +97,19 @@ def dispatch(event: Event) -> list[Delivery] | None:
             transaction.on_commit(lambda: enqueue(tasks.sync_slack, str(message.pk)))
         transaction.on_commit(lambda: events.publish(event.org_id, event.kind, payload))
     return rows
+
+
+def _claim(event: Event) -> bool:
+    """The event's guarded claim, written out (the ORM's update compiled in ~0.3 ms of CPU)."""
+    fields = Event._meta
+    values = [fields.get_field("fanned_out_at").get_db_prep_value(timezone.now(), connection),
+              fields.pk.get_db_prep_value(event.pk, connection)]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM, values)
+        return cursor.rowcount == 1
+
+
+_CLAIM = f"UPDATE {Event._meta.db_table} SET fanned_out_at = %s WHERE id = %s AND fanned_out_at IS NULL"
 
 
 def dispatch_many(recorded: list[Event]) -> int:

@@ -72,11 +72,24 @@ function request()
     return wrk.format("POST", "/api/v1/sessions/" .. item .. "/intercept", headers, call)
   end
 end
+%(pace)s
 """
+# One client as an agent calls: one call, then its model thinks (here 20 ms) before the next. A
+# back-to-back client leaves the worker no time between calls for the fast approval path's
+# fan-out (off the request thread, in the same process: it shares the interpreter's lock).
+PACE = "function delay() return %d end"
 
 
-def prepare(commits: int, irreversible: int) -> dict:
-    """The org, its key, tools, 16 running sessions, executing effects to commit, fresh sessions."""
+# One client alone, each kind (the irreversible ones on fresh sessions, a slice of them per run).
+ALONE = [("compensable intercept", "intercept"), ("irreversible by rule", "rule"),
+         ("irreversible by grant", "grant"), ("irreversible held", "irreversible")]
+ITEMS = {"rule": "rule", "grant": "grant", "irreversible": "fresh"}
+ALONE_RUNS = 4  # one-client runs of each irreversible kind: sync, keep-alive warm-up, back-to-back, paced
+
+
+def prepare(commits: int, irreversible: int, alone: int = 0) -> dict:
+    """The org, its key, tools, 16 running sessions, executing effects to commit, fresh sessions
+    (and `alone` more of each irreversible kind for the one-client runs)."""
     from django.db import connection
     from django.utils import timezone
 
@@ -107,13 +120,15 @@ def prepare(commits: int, irreversible: int) -> dict:
                                           step_index=n, args={"n": n}) for n in range(commits))
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
+    spare = {f"alone {kind}": [str(s.id) for s in Session.objects.bulk_create(
+        Session(org=org, agent=agent) for _ in range(alone))] for kind in ITEMS.values()}
     return {"key": key, "running": [str(s.id) for s in running], "effects": [str(e.id) for e in effects],
             "fresh": [str(s.id) for s in fresh], "rule": [str(s.id) for s in by_rule],
-            "grant": [str(s.id) for s in by_grant]}
+            "grant": [str(s.id) for s in by_grant], **spare}
 
 
 def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, connections: int,
-        threads: int = 2, offset: int = 0, slices: int = 1) -> dict:
+        threads: int = 2, offset: int = 0, slices: int = 1, pace_ms: int = 0) -> dict:
     """One wrk run. Kinds that use each item once (commit, irreversible) take the `offset`-th
     slice of the items, so rounds never reuse one."""
     var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
@@ -124,7 +139,7 @@ def wrk(base: str, kind: str, items: list[str], token: str, *, seconds: float, c
         items = items[offset * share:(offset + 1) * share]
     items_file.write_text("\n".join(items) + "\n")
     script.write_text(LUA % {"kind": kind, "token": token, "items": items_file, "threads": threads,
-                             "round": next(_RUNS)})
+                             "round": next(_RUNS), "pace": PACE % pace_ms if pace_ms else ""})
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency",
                "-s", str(script), base]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -159,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     setup_django()
     data = prepare(commits=int(3000 * args.seconds * args.rounds),
-                   irreversible=int(1200 * args.seconds * (args.rounds + 1)))
+                   irreversible=int(1200 * args.seconds * (args.rounds + 1)),
+                   alone=int(500 * args.seconds * ALONE_RUNS))
     # The replay's call, committed once before the clock starts.
     import httpx
 
@@ -199,12 +215,17 @@ def main(argv: list[str] | None = None) -> dict:
         results["one client"] = alone
         print(f"  one client, compensable intercept: p50 {alone['p50']:.2f} ms  p99 {alone['p99']:.2f} ms "
               f"({alone['rate']:.0f} req/s)")
-        for name, kind in (("irreversible by rule", "rule"), ("irreversible held", "irreversible")):
-            alone = wrk(server.base, kind, data[kind if kind == "rule" else "fresh"], data["key"],
-                        seconds=args.seconds, connections=1, threads=1, offset=args.rounds, slices=args.rounds + 1)
+        slots = {kind: iter(range(ALONE_RUNS)) for kind in ITEMS}  # a fresh slice of sessions each run
+
+        def fresh(kind: str) -> dict:
+            return {"offset": next(slots[kind]), "slices": ALONE_RUNS}
+
+        for name, kind in ALONE[1:]:
+            alone = wrk(server.base, kind, data[f"alone {ITEMS[kind]}"], data["key"], seconds=args.seconds,
+                        connections=1, threads=1, **fresh(kind))
             results[f"one client, {name}"] = alone
             print(f"  one client, {name}: p50 {alone['p50']:.2f} ms  p99 {alone['p99']:.2f} ms "
-                  f"({alone['rate']:.0f} req/s)")
+                  f"({alone['rate']:.0f} req/s)  load {os.getloadavg()[0]:.2f}")
     finally:
         server.stop()
     # A sync worker closes the connection after each answer, so the one client above pays a TCP
@@ -216,12 +237,18 @@ def main(argv: list[str] | None = None) -> dict:
         # its caches on its first intercept. Unwarmed, those first calls (tens of ms each) were the p99.
         for kind in ("baseline", "intercept"):
             wrk(kept.base, kind, data["running"], data["key"], seconds=2, connections=args.workers * GTHREADS)
-        for kind in ("baseline", "intercept"):
-            alone = wrk(kept.base, kind, data["running"], data["key"], seconds=args.seconds, connections=1, threads=1,
-                        offset=args.rounds, slices=args.rounds + 1)
-            results[f"one client kept alive, {kind}"] = alone
-            print(f"  one client, keep-alive (gthread, as deployed), {kind:9}: p50 {alone['p50']:.2f} ms  "
-                  f"p99 {alone['p99']:.2f} ms ({alone['rate']:.0f} req/s)")
+        wrk(kept.base, "rule", data["alone rule"], data["key"], seconds=1, connections=args.workers * GTHREADS,
+            **fresh("rule"))
+        next(slots["grant"]), next(slots["irreversible"])  # the same slices for every kind
+        for pace in (0, 20):
+            for name, kind in (("baseline", "baseline"), *ALONE):
+                items, where = (data[f"alone {ITEMS[kind]}"], fresh(kind)) if kind in ITEMS else (data["running"], {})
+                alone = wrk(kept.base, kind, items, data["key"], seconds=args.seconds, connections=1, threads=1,
+                            pace_ms=pace, **where)
+                results[f"one client kept alive{f', paced {pace} ms' if pace else ''}, {name}"] = alone
+                how = f"one call per {pace} ms + its answer" if pace else "back-to-back"
+                print(f"  one client, keep-alive (gthread, as deployed), {how}, {name:22}: p50 {alone['p50']:.2f} ms  "
+                      f"p99 {alone['p99']:.2f} ms ({alone['rate']:.0f} req/s)  load {os.getloadavg()[0]:.2f}")
     finally:
         kept.stop()
     results.update(asgi_beside(data, args, results["compensable intercept"]["rate"]))

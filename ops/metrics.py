@@ -27,7 +27,11 @@ def on_event(sender, event: Event, **kwargs) -> None:
         metrics.compensation("failed")
     elif event.kind in ("approval.decided", "approval.expired"):
         approval = event.data.get("approval") or {}
-        asked = ApprovalRequest.objects.filter(pk=approval.get("id")).values_list("created", flat=True).first()
+        held = kwargs.get("approval")  # the sender's request, in memory (the fast approval path)
+        if held is not None and str(held.pk) == approval.get("id"):
+            asked = held.created
+        else:
+            asked = ApprovalRequest.objects.filter(pk=approval.get("id")).values_list("created", flat=True).first()
         if asked is not None:
             metrics.decided(event.data.get("decision") or approval.get("state") or "expired",
                             (event.created - asked).total_seconds())

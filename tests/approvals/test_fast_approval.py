@@ -5,6 +5,7 @@ answered as the pipeline answers, its fan-out off the request thread and still d
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import pytest
@@ -66,7 +67,9 @@ def test_a_call_an_approve_rule_decides_takes_one_read_and_one_write(shop):
     assert body["approval"]["decided_by"] == "rule:small" and body["effect"]["state"] == "approved"
     sql = statements(queries)
     assert len(sql) == 2, "\n".join(s[:80] for s in sql)
-    assert "FOR UPDATE OF s" in sql[0] and sql[1].lstrip().startswith("WITH s AS (")
+    # Each its own transaction: the read takes no lock, the write is guarded by what it read.
+    assert "FOR UPDATE" not in sql[0] and sql[1].lstrip().startswith("WITH s AS (")
+    assert "xmin::text = %(seen_as)s" in sql[1]
     # Its span and metrics name the tier and the decision, as the pipeline's answers do.
     assert observe._outcome(response, None) == ("irreversible", "await_approval", "fast")
 
@@ -104,6 +107,79 @@ def test_a_call_a_grant_decides_takes_one_read_and_one_write(shop):
     assert body["approval"]["reason"] == "Granted by acme-reviewer"
     assert len(statements(queries)) == 2
     assert Session.objects.get(pk=session).state == "running"
+
+
+@pytest.mark.django_db
+def test_a_call_of_the_run_between_the_read_and_the_write_is_decided_again_behind_the_lock(shop, monkeypatch):
+    from approvals import rules
+
+    session = open_session(shop)
+    decide, moved = rules.decide, []
+
+    def another_call_lands_first(*args, **kwargs):
+        if not moved:  # as if another call of the run committed between this call's read and write
+            moved.append(Session.objects.filter(pk=session).update(step_index=7))
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(rules, "decide", another_call_lands_first)
+    with CaptureQueriesContext(connection) as queries:
+        response = refund(shop, session, 20, 1)
+
+    assert response.status_code == 202 and response["X-Undolog-Path"] == "fast"
+    sql = [q for q in statements(queries) if not q.startswith('UPDATE "effects_session"')]
+    # The guarded write wrote nothing; the read again behind the lock, and its write.
+    assert len(sql) == 4 and "FOR UPDATE OF s" in sql[2], "\n".join(q[:80] for q in sql)
+    assert Effect.objects.filter(session_id=session, state="approved").count() == 1
+    assert Session.objects.get(pk=session).irreversible_calls == 1  # the first write wrote nothing
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("amount", [20, 500], ids=["rule-approved", "held"])
+def test_the_fan_out_sends_the_payload_a_re_read_would_in_one_statement(shop, amount,
+                                                                        django_capture_on_commit_callbacks):
+    """The event's fan-out builds its payload from the request the call just wrote, not by reading
+    it again: the same payload, and with no webhook or Slack, one statement (the claim)."""
+    from approvals import notify
+
+    session = open_session(shop)
+    sent = []
+    real = events.publish
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = refund(shop, session, amount, 1)
+    assert response["X-Undolog-Path"] == "fast"
+    notify.events.publish = lambda org, kind, payload: sent.append(payload)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            for callback in callbacks:
+                callback()
+    finally:
+        notify.events.publish = real
+
+    event = Event.objects.get(session_id=session, kind__startswith="approval.")
+    assert [p["id"] for p in sent] == [str(event.pk)] and event.fanned_out_at is not None
+    assert sent[0] == events.payload_for(event)  # what the sweep (or the pipeline) would have sent
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
+
+
+@pytest.mark.django_db
+def test_the_fan_out_writes_a_delivery_for_each_active_webhook_that_wants_the_event(shop,
+                                                                                   django_capture_on_commit_callbacks):
+    from approvals.models import OrgWebhook
+    from deliveries.models import Delivery
+
+    wanted = OrgWebhook.objects.create(org=shop.org, url="http://127.0.0.1:9/hook", event_types=["approval.decided"])
+    OrgWebhook.objects.create(org=shop.org, url="http://127.0.0.1:9/other", event_types=["approval.requested"])
+    OrgWebhook.objects.create(org=shop.org, url="http://127.0.0.1:9/off", active=False)
+    session = open_session(shop)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = refund(shop, session, 20, 1)
+
+    assert response["X-Undolog-Path"] == "fast"
+    event = Event.objects.get(session_id=session, kind="approval.decided")
+    deliveries = list(Delivery.objects.filter(event=event))
+    assert [(d.webhook_id, d.url) for d in deliveries] == [(wanted.pk, wanted.url)]
+    assert deliveries[0].body["payload"] == json.loads(json.dumps(events.payload_for(event)))
 
 
 # ---------------------------------------------------------------- the same answer and rows
