@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Sum
 
+from core import prepared
 from effects.models import RunFingerprint
 
 UNTRUSTED = "untrusted"
@@ -351,27 +351,10 @@ def _rows(session_id: Any, before_step: int | None) -> list[tuple[int, int, str,
         sql = _SQL[key] = _statement(before_step is not None)
     params: list[Any] = [session] if before_step is None else [session, before_step]
     if db.vendor == "postgresql":
-        return _prepared(db, sql, params)
+        return prepared.rows(db, sql, params)
     with db.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
-
-
-def _prepared(db: Any, sql: str, params: list[Any]) -> list[tuple]:
-    """On PostgreSQL the statement is prepared on the server, once per connection (as the fast
-    path's, lifecycle/fastpath.py): planning was most of its time, every call. Logged as Django
-    logs its own, so tests that pin statements count it."""
-    import psycopg
-
-    db.ensure_connection()
-    started = time.monotonic()
-    try:
-        with psycopg.Cursor(db.connection) as cursor:
-            cursor.execute(sql, params, prepare=True)
-            return cursor.fetchall()
-    finally:
-        if db.queries_logged:
-            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 def _statement(bounded: bool) -> str:

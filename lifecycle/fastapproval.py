@@ -50,6 +50,7 @@ from approvals import notify, rules
 from approvals.models import GRANT_PREFIX, ApprovalRequest, OrgWebhook
 from budgets import guard
 from budgets.models import Limits
+from core import prepared
 from core.fanout import after_answer
 from effects.models import Effect, Session, Tier, Tool, announce
 from lifecycle import fastpath
@@ -189,7 +190,7 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
 
 def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
             call: pipeline.Call, session_id: uuid.UUID, signature: str) -> HttpResponse:
-    row = fastpath._prepared(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
+    row = prepared.row(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
                                          "session": session_id, "agent": key.agent_id})
     if row is None:
         raise _StepAside  # not this agent's session: the pipeline's 404
@@ -238,7 +239,7 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         event = Event(org=org, kind="approval.decided", agent=agent, session_id=session.pk,
                       data={**extra, **approval.event_data()})
     event.created = now
-    written = fastpath._prepared(db, _WRITE, {
+    written = prepared.row(db, _WRITE, {
         "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
         "tool_counts": fastpath._jsonb(session.tool_counts),
         "violation": None if session.violation is None else fastpath._jsonb(session.violation),

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -44,7 +43,7 @@ from psycopg.types.json import Jsonb
 from approvals.rules import rules_see_compensable
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
-from core import ratelimit
+from core import prepared, ratelimit
 from core.errors import DomainError
 from core.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 from effects import longpoll
@@ -344,8 +343,8 @@ def execute(sql: str, params: dict[str, Any]) -> tuple | None:
     try:
         if db.in_atomic_block:
             with transaction.atomic():
-                return _prepared(db, sql, params)
-        return _prepared(db, sql, params)
+                return prepared.row(db, sql, params)
+        return prepared.row(db, sql, params)
     except (IntegrityError, psycopg.IntegrityError):
         return None  # a duplicate won the race on the signature: the pipeline replays it
 
@@ -358,18 +357,6 @@ def loaded(model: type, names: tuple[str, ...] | list[str], values: tuple | list
     return {name: fields[name].from_db_value(value, None, connection)
             if isinstance(value, str) and isinstance(fields.get(name), models.JSONField) else value
             for name, value in zip(names, values, strict=True)}
-
-
-def _prepared(db: Any, sql: str, params: dict[str, Any]) -> tuple | None:
-    db.ensure_connection()
-    started = time.monotonic()
-    try:
-        with psycopg.Cursor(db.connection) as cursor:
-            cursor.execute(sql, params, prepare=True)
-            return cursor.fetchone()
-    finally:
-        if db.queries_logged:
-            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
 
 # ---------------------------------------------------------------- intercept

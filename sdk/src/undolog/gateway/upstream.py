@@ -31,28 +31,28 @@ def text_of(result: Any) -> str:
 def result_value(result: Any) -> Any:
     """What the gateway commits for an upstream result, and what `{result.a.b}` reads:
     the structured content, else the text parsed as JSON, else ``{"text": ...}``."""
-    structured = getattr(result, "structured_content", None)
-    if structured is not None:
-        return structured
-    text = text_of(result)
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"text": text}
+    value, parsed = _value(result)
+    return value if parsed else {"text": value}
 
 
 def reported_value(result: Any) -> Any:
     """What a SAFE read labelled ``untrusted`` reports as its output: as ``result_value``, but a
     text that is not JSON goes as the text, not ``{"text": ...}`` (the server then treats it as
     untrusted whole; wrapped, its ``text`` key was no field the tool names, so it vouched)."""
+    return _value(result)[0]
+
+
+def _value(result: Any) -> tuple[Any, bool]:
+    """(the structured content, else the text parsed as JSON, else the text; whether it was
+    one of the first two)."""
     structured = getattr(result, "structured_content", None)
     if structured is not None:
-        return structured
+        return structured, True
     text = text_of(result)
     try:
-        return json.loads(text)
+        return json.loads(text), True
     except ValueError:
-        return text
+        return text, False
 
 
 class Upstream:
