@@ -75,17 +75,19 @@ def dispatch(event: Event, *, approval: ApprovalRequest | None = None, hooks: li
     """
     payload = events.payload_for(event, approval)
     slack_due = slack and event.kind in SLACK_KINDS
-    if hooks is not None and not slack_due:
-        rows = _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
-        if not rows:
-            if not _claim(event):
-                return None
-            events.publish(event.org_id, event.kind, payload)
-            return rows
+    # Given the webhooks, the rows are known before the claim: with none to write (nor Slack's),
+    # the claim needs no transaction of its own.
+    rows = None if hooks is None else _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
+    if rows == [] and not slack_due:
+        if not _claim(event):
+            return None
+        events.publish(event.org_id, event.kind, payload)
+        return rows
     with transaction.atomic():
         if not _claim(event):
             return None
-        rows = _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
+        if rows is None:
+            rows = _webhook_rows(event, payload, hooks) + _email_rows(event, payload)
         Delivery.objects.bulk_create(rows, ignore_conflicts=True)
         for row in rows:
             row.enqueue_after_commit()

@@ -495,7 +495,7 @@ def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[
     if reads or "run" in wanted:
         step = step_index if step_index is not None else getattr(effect, "step_index", session.step_index)
         view = runaware.RunView(session, agent.id, step_index=step, moment=timezone.now(),
-                                exclude=getattr(effect, "pk", None), args=args, reads=reads)
+                                exclude=getattr(effect, "pk", None), args=args)
     # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
     builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
                 "run": lambda: run_of(session, view, reads), "now": lambda: now_in(org),

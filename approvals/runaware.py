@@ -101,15 +101,11 @@ class RunView:
     """The run as one call's conditions see it: built lazily, each part at most once.
 
     `before_step` bounds what counts as "earlier" (the intercept: this call's step; the trial:
-    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect,
-    `reads` what the rules read (with `requested`, the calls it asks about come with the fingerprints,
-    in one statement)."""
+    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect."""
 
     def __init__(self, session: Any, agent_id: Any, *, step_index: int, moment: datetime,
-                 exclude: Any = None, args: dict[str, Any] | None = None,
-                 reads: frozenset[str] = frozenset()) -> None:
+                 exclude: Any = None, args: dict[str, Any] | None = None) -> None:
         self.session, self.agent_id, self.step_index = session, agent_id, step_index
-        self.reads = reads
         self.args, self._arg_of = args, None
         self.moment, self.exclude = moment, exclude
         self._taint: outputs.RunTaint | None = None

@@ -124,8 +124,7 @@ def _view(request: Any, reads: frozenset[str]) -> runaware.RunView | None:
     if not reads:
         return None
     return runaware.RunView(request.session, request.session.agent_id, step_index=request.effect.step_index,
-                            moment=request.created, exclude=request.effect.pk, args=request.proposed_args,
-                            reads=reads)
+                            moment=request.created, exclude=request.effect.pk, args=request.proposed_args)
 
 
 def _activation(org: Organization, request: ApprovalRequest, tools: dict[str, Tool],

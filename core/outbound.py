@@ -215,9 +215,7 @@ def _send_kept(url: str, body: bytes, headers: dict[str, str], timeout_s: float,
             conn.close()
         else:
             kept[key] = conn
-        status = response.status
-        ok = 200 <= status < 300
-        return Delivery(ok, status, "" if ok else f"HTTP {status}: {text[:500]}", _ms(started), text[:10_000])
+        return _answered(response.status, text, started)
     raise AssertionError("unreachable")  # the loop returns on its second attempt
 
 
@@ -239,9 +237,14 @@ def _send(url: str, body: bytes, headers: dict[str, str], timeout_s: float, star
         return Delivery(False, None, f"timed out after {timeout_s:g} s", _ms(started))
     except httpx.HTTPError as exc:
         return Delivery(False, None, f"{type(exc).__name__}: {exc}", _ms(started))
-    ok = 200 <= response.status_code < 300
-    return Delivery(ok, response.status_code, "" if ok else f"HTTP {response.status_code}: {response.text[:500]}",
-                    _ms(started), response.text[:10_000])
+    return _answered(response.status_code, response.text, started)
+
+
+def _answered(status: int, text: str, started: float) -> Delivery:
+    """The outcome of a request the receiver answered (either sender's): a 2xx delivered, else
+    the status and the start of what it said."""
+    ok = 200 <= status < 300
+    return Delivery(ok, status, "" if ok else f"HTTP {status}: {text[:500]}", _ms(started), text[:10_000])
 
 
 _local = threading.local()

@@ -284,7 +284,7 @@ class RunTaint:
     def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
         taint = cls()
         vouched: set[int] = set()
-        for step_index, _, tool_name, tainted, vouched_here, named in _rows(session_id, before_step):
+        for step_index, tool_name, tainted, vouched_here, named in _rows(session_id, before_step):
             if tool_name == FULL:
                 taint.full, taint.full_source = True, Source(step_index, "(too many outputs to keep)")
                 continue
@@ -339,8 +339,8 @@ class RunTaint:
 _SQL: dict[tuple[str, bool], str] = {}
 
 
-def _rows(session_id: Any, before_step: int | None) -> list[tuple[int, int, str, Any, Any, bool | None]]:
-    """(step, seq, tool, tainted, vouched, named) of a run's fingerprint rows before `before_step`,
+def _rows(session_id: Any, before_step: int | None) -> list[tuple[int, str, Any, Any, bool | None]]:
+    """(step, tool, tainted, vouched, named) of a run's fingerprint rows before `before_step`,
     in order: one statement, written out once per backend (on the intercept, the ORM's compilation
     cost ~0.7 ms of CPU: bench/run_aware.py). JSON is left as read (text on both backends)."""
     db = connections[DEFAULT_DB_ALIAS]  # the proxy's every attribute is a context-local lookup
@@ -361,7 +361,7 @@ def _statement(bounded: bool) -> str:
     quote = connection.ops.quote_name
     fp = {f.name: quote(f.column) for f in RunFingerprint._meta.concrete_fields}
     before = f" AND {fp['step_index']} < %s" if bounded else ""
-    return (f"SELECT {fp['step_index']}, {fp['id']}, {fp['tool_name']}, {fp['tainted']}, {fp['vouched']}, "
+    return (f"SELECT {fp['step_index']}, {fp['tool_name']}, {fp['tainted']}, {fp['vouched']}, "
             f"{fp['named']} FROM {quote(RunFingerprint._meta.db_table)} WHERE {fp['session']} = %s{before} "
             f"ORDER BY {fp['step_index']}, {fp['id']}")
 

@@ -266,8 +266,7 @@ def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple]:
     for model, (names, _) in ((Session, _SESSION), (Agent, _AGENT), (Organization, _ORG)):
         values = row[at:at + len(names)]
         at += len(names)
-        instances.append(model.from_db(DEFAULT_DB_ALIAS, names,
-                                       list(fastpath.loaded(model, names, values).values())))
+        instances.append(fastpath.instance(model, values))
     session, agent, org = instances
     live, seen, grant, effects, safe, hooks, slack, seen_as = row[at:]
     agent.org = session.org = org  # the pipeline's `_lock_session`: no query to reach them

@@ -24,6 +24,7 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -357,6 +358,25 @@ def loaded(model: type, names: tuple[str, ...] | list[str], values: tuple | list
     return {name: fields[name].from_db_value(value, None, connection)
             if isinstance(value, str) and isinstance(fields.get(name), models.JSONField) else value
             for name, value in zip(names, values, strict=True)}
+
+
+def instance(model: type, values: tuple | list) -> Any:
+    """A model instance from a raw statement's row of all its concrete fields, in order, as the ORM
+    would load it (`loaded`, for a whole row): the fields' shape is worked out once per model, as
+    per row it was a fifth of a fleet walk's CPU (two instances per entry per round)."""
+    names, json_fields = _shape(model)
+    values = list(values)
+    for index, json_field in json_fields:
+        if isinstance(values[index], str):
+            values[index] = json_field.from_db_value(values[index], None, connection)
+    return model.from_db(DEFAULT_DB_ALIAS, names, values)
+
+
+@functools.cache
+def _shape(model: type) -> tuple[list[str], list[tuple[int, Any]]]:
+    fields = model._meta.concrete_fields
+    return ([f.attname for f in fields],
+            [(index, f) for index, f in enumerate(fields) if isinstance(f, models.JSONField)])
 
 
 # ---------------------------------------------------------------- intercept

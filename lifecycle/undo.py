@@ -9,7 +9,6 @@ walks that are due or stalled and enqueues them again.
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
@@ -18,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -134,8 +133,8 @@ def _entry_of(columns: tuple | list) -> UndoEntry | None:
     """The entry with its effect from `_TOP_COLUMNS` (None when they are NULL: there is none)."""
     if columns[0] is None:
         return None
-    entry = _instance(UndoEntry, columns[:len(_ENTRY_FIELDS)])
-    entry.effect = _instance(Effect, columns[len(_ENTRY_FIELDS):])
+    entry = fastpath.instance(UndoEntry, columns[:len(_ENTRY_FIELDS)])
+    entry.effect = fastpath.instance(Effect, columns[len(_ENTRY_FIELDS):])
     return entry
 
 
@@ -152,26 +151,6 @@ JOIN effects_session s ON s.id = u.session_id AND s.state = 'compensating'
 JOIN effects_effect e ON e.id = u.effect_id
 WHERE u.session_id = %(session)s AND u.state IN ({", ".join(f"'{state}'" for state in sorted(UndoEntry.OPEN))})"""
 _TOP = f"SELECT {_TOP_COLUMNS} {_TOP_FROM} ORDER BY u.step_index DESC, u.created DESC LIMIT 1"
-
-
-def _instance(model: type, values: tuple) -> Any:
-    """A model instance from a row of its concrete fields, as the ORM would load it (its jsonb,
-    which Django's connection reads as text, decoded by its JSON fields, as `fastpath.loaded`
-    does). The fields' shape is worked out once per model: per row it was a fifth of a fleet
-    walk's CPU (two instances per entry per round)."""
-    names, json_fields = _shape(model)
-    values = list(values)
-    for index, field in json_fields:
-        if isinstance(values[index], str):
-            values[index] = field.from_db_value(values[index], None, connection)
-    return model.from_db("default", names, values)
-
-
-@functools.cache
-def _shape(model: type) -> tuple[list[str], list[tuple[int, Any]]]:
-    fields = model._meta.concrete_fields
-    return ([f.attname for f in fields],
-            [(index, f) for index, f in enumerate(fields) if isinstance(f, models.JSONField)])
 
 
 def _finish(session_id: uuid.UUID | str) -> None:
