@@ -19,7 +19,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from redis.exceptions import RedisError
 
 from approvals.models import EVENT_KINDS
-from core.fanout import SESSION_UPDATES, group_name
+from core.fanout import EVENT_BATCH, SESSION_UPDATES, group_name
 from orgs.auth import resolve_membership
 from orgs.models import Membership
 
@@ -150,6 +150,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         for payload in message.get("payloads") or []:
             await self.send_json({"type": "session.updated", "payload": payload})
 
+    async def event_batch(self, message: dict) -> None:
+        """Several events of this org sent together (core.fanout.publish_many): one frame each, as
+        if each had come alone, a kind this consumer does not know dropped."""
+        for one in message.get("messages") or []:
+            if isinstance(one, dict) and one.get("type") in EVENT_HANDLERS:
+                await self.forward(one)
+
     async def grant_issued(self, message: dict) -> None:
         await self.forward(message)
 
@@ -174,4 +181,4 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)
-GROUP_KINDS = EVENT_HANDLERS | {SESSION_UPDATES}
+GROUP_KINDS = EVENT_HANDLERS | {SESSION_UPDATES, EVENT_BATCH}

@@ -21,13 +21,14 @@ from core.fanout import (  # the fan-out moved below the apps; these names stay 
     SessionUpdates,
     group_name,
     publish,
+    publish_many,
     session_changed,
     session_updates,
 )
 from orgs.models import Event
 
 __all__ = ["MAX_SESSION_CHANGES", "EventPayload", "Message", "SessionChange", "SessionUpdatedPayload",
-           "SessionUpdates", "group_name", "publish", "session_changed", "session_updates", "settings"]
+           "SessionUpdates", "group_name", "publish", "publish_many", "session_changed", "session_updates", "settings"]
 
 APPROVAL_KINDS = frozenset({"approval.requested", "approval.decided", "approval.expired", "approval.extended",
                             "approval.counted"})

@@ -22,9 +22,10 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
    between makes it write nothing, and the call is decided again behind the pipeline's lock
    (FOR UPDATE, in a transaction: 4 statements), so calls of one run still pass one by one.
 5. After the write, off the request thread (`core.fanout.after_answer`): the event's fan-out
-   (`approvals.notify.dispatch`), given the request, the webhooks and Slack as this call holds
-   them, so that it re-reads none of them: the claim and the group message alone, with no
-   webhook, email or Slack row to write. The event row is the outbox: a crash before it runs
+   (`approvals.notify.dispatch_recorded`), given the request, the webhooks and Slack as this call
+   holds them, so that it re-reads none of them, and gathered with the other calls' events of a
+   window: one claim and one group message per org for all of them, with no webhook, email or
+   Slack row to write. The event row is the outbox: a crash before it runs
    delays it to the beat's sweep (`approvals.tasks.sweep_events`); nothing is lost.
 
 Anything else steps aside (None), and the pipeline answers as always: a replay, a session not
@@ -55,7 +56,7 @@ from core.fanout import after_answer
 from effects.models import Effect, Session, Tier, Tool, announce
 from lifecycle import fastpath
 from lifecycle import intercept as pipeline
-from orgs.models import Agent, AgentKey, Event, Organization, RememberedKey, event_recorded
+from orgs.models import Agent, AgentKey, Event, Organization, Recorded, RememberedKey, events_recorded
 
 
 class _StepAside(Exception):
@@ -308,5 +309,9 @@ def _after_commit(session: Session, effect: Effect, event: Event, approval: Appr
     else:
         announce(effect, "effect", Effect.State.PENDING, Effect.State.APPROVED, name=effect.tool_name,
                  session_id=session.pk, org_id=session.org_id, step_index=effect.step_index)
-    transaction.on_commit(lambda: after_answer.add(event_recorded.send, sender=Event, event=event,
-                                                   approval=approval, hooks=hooks, slack=slack))
+    transaction.on_commit(lambda: after_answer.add(_fan_out, Recorded(event, approval, hooks, slack)))
+
+
+def _fan_out(recorded: list[Recorded]) -> None:
+    """A window's events of this process, fanned out together (`core.fanout.after_answer`)."""
+    events_recorded.send(sender=Event, recorded=recorded)

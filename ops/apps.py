@@ -11,6 +11,7 @@ class OpsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: an AppConfig module is imported before the models are ready.
         from ops import metrics
-        from orgs.models import event_recorded
+        from orgs.models import event_recorded, events_recorded
 
         event_recorded.connect(metrics.on_event, dispatch_uid="ops.metrics.on_event")
+        events_recorded.connect(metrics.on_events, dispatch_uid="ops.metrics.on_events")

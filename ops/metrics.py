@@ -37,6 +37,12 @@ def on_event(sender, event: Event, **kwargs) -> None:
                             (event.created - asked).total_seconds())
 
 
+def on_events(sender, recorded: list, **kwargs) -> None:
+    """`on_event` for each event of a batch (`events_recorded`)."""
+    for one in recorded:
+        on_event(sender, one.event, approval=one.approval)
+
+
 class RowsCollector:
     """Gauges read from the rows at scrape time (a few indexed counts over all orgs)."""
 

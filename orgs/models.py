@@ -20,6 +20,22 @@ from core.errors import Conflict
 
 # Sent after commit with `event=<Event>`; approvals fans events out to webhooks and websockets.
 event_recorded = Signal()
+# The same for a batch of events committed by several calls (the fast approval path's, gathered
+# after its answers: core.fanout.after_answer), with `recorded=[Recorded, ...]`: its receivers
+# handle the batch at once (approvals claims them in one statement, one group message per org).
+events_recorded = Signal()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One committed event of a batch, and what its sender already holds, so the fan-out reads
+    none of it again: the request the event is about as just written, the org's active webhooks
+    (None: read them), and whether a Slack row can be due."""
+
+    event: Event
+    approval: object = None
+    hooks: list | None = None
+    slack: bool = True
 
 
 def validate_time_zone(value: str) -> None:

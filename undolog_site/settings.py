@@ -351,6 +351,9 @@ UNDOLOG_OUTBOX_GRACE_S = envint("UNDOLOG_OUTBOX_GRACE_S", "5")
 # thread of its own once the answer is on its way (1), or in the request right after its commit,
 # as the pipeline's (0: in-process tests written before it, which read the fan-out at once).
 UNDOLOG_FANOUT_AFTER_ANSWER = envbool("UNDOLOG_FANOUT_AFTER_ANSWER", "1")
+# ... and the events of a burst within this window are fanned out together: one claim statement
+# and one group message per org for all of them (well under the dashboard's 1 s promise).
+UNDOLOG_FANOUT_WINDOW_MS = envint("UNDOLOG_FANOUT_WINDOW_MS", "50")
 # Abandoned runs (lifecycle/abandon.py): how often the beat looks for runs silent past their
 # org's (or agent's) run_idle_timeout_s.
 UNDOLOG_ABANDON_SWEEP_S = envint("UNDOLOG_ABANDON_SWEEP_S", "15")

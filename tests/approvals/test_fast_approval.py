@@ -328,6 +328,7 @@ def test_a_held_call_is_in_the_queue_and_its_event_reaches_the_dashboards_off_th
     refund(acme, warm, 10, 1)  # warms the process: the key, the config, the rules
     acme.reviewer.post(f"/api/v1/approvals/{ApprovalRequest.objects.get().pk}/reject", {"reason": "warm"},
                        format="json")
+    assert after_answer.drain()  # the warm call's event is out before the listener joins
     session = open_session(acme)
     answers = []
 
@@ -374,6 +375,64 @@ def test_an_event_the_process_never_fanned_out_is_left_undispatched_for_the_swee
     assert tasks.sweep_events() >= 1
     event.refresh_from_db()
     assert event.fanned_out_at is not None
+
+
+@pytest.mark.django_db
+def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_message(
+        shop, monkeypatch, django_capture_on_commit_callbacks):
+    """The fan-out of calls that came within one window (core.fanout.after_answer): one claim
+    for all of their events, one group message for the org, each payload what a re-read gives."""
+    from lifecycle import fastapproval
+
+    handed = []
+    monkeypatch.setattr(after_answer, "add", lambda fn, item: handed.append((fn, item)))
+    sessions = [open_session(shop) for _ in range(3)]
+    with django_capture_on_commit_callbacks(execute=True):
+        answers = [refund(shop, s, amount, 1) for s, amount in zip(sessions, [20, 500, 30], strict=True)]
+    assert [a["X-Undolog-Path"] for a in answers] == ["fast"] * 3 and len(handed) == 3
+    assert {fn for fn, _ in handed} == {fastapproval._fan_out}
+    sent, single = [], []
+    monkeypatch.setattr(events, "publish_many", lambda org, messages: sent.append((org, messages)))
+    monkeypatch.setattr(events, "publish", lambda *args: single.append(args))
+
+    with CaptureQueriesContext(connection) as queries:
+        fastapproval._fan_out([item for _, item in handed])
+
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
+    recorded = [Event.objects.get(session_id=s, kind__startswith="approval.") for s in sessions]
+    assert all(event.fanned_out_at is not None for event in recorded)
+    assert single == [] and len(sent) == 1 and sent[0][0] == shop.org.id
+    assert [(m["type"], m["payload"]) for m in sent[0][1]] == [(e.kind, events.payload_for(e)) for e in recorded]
+    with CaptureQueriesContext(connection) as again:  # a second dispatcher (the sweep's, a retry) finds nothing
+        fastapproval._fan_out([item for _, item in handed])
+    assert len(sent) == 1 and len(again.captured_queries) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_calls_reaches_the_dashboards_as_one_message_off_the_request_thread(settings):
+    settings.UNDOLOG_FANOUT_AFTER_ANSWER = True
+    settings.UNDOLOG_FANOUT_WINDOW_MS = 1000  # the three calls below come within it, however slow the machine
+    acme = make_persona("acme-fast-burst")
+    register_standard_tools(acme)
+    register(acme, irreversible("refund"))
+    add_rule(acme, name="small", condition="args.amount <= 50")
+    refund(acme, open_session(acme), 10, 1)  # warm: the key remembered, the config cached
+    assert after_answer.drain()
+    sessions = [open_session(acme) for _ in range(3)]
+    answers = []
+
+    def burst() -> None:
+        answers.extend(refund(acme, session, amount, 1) for session, amount in zip(sessions, [20, 500, 30],
+                                                                                     strict=True))
+
+    received = _collect(events.group_name(acme.org.id), burst, until=lambda kinds: "event.batch" in kinds)
+
+    assert [a["X-Undolog-Path"] for a in answers] == ["fast"] * 3
+    [batch] = [m for m in received if m["type"] == "event.batch"]
+    assert [m["type"] for m in batch["messages"]] == ["approval.decided", "approval.requested", "approval.decided"]
+    assert [m["payload"]["session"] for m in batch["messages"]] == [str(s) for s in sessions]
+    assert after_answer.drain()
+    assert not Event.objects.filter(session_id__in=sessions, fanned_out_at__isnull=True).exists()
 
 
 # ---------------------------------------------------------------- concurrency

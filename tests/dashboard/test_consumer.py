@@ -193,6 +193,29 @@ def test_it_ignores_unknown_event_kinds_and_stays_open(acme):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_sends_a_batch_of_events_as_one_frame_each_in_order_dropping_unknown_kinds(acme):
+    """A window's events of the fast approval path reach the group as one `event.batch` message
+    (core.fanout.publish_many); the page sees each as if it had come alone."""
+    from core.fanout import publish_many
+
+    acme_reviewer = cookie_of(acme.reviewer.user)
+    messages = [{"type": "approval.requested", "payload": {"id": "a-1"}},
+                {"type": "something.new", "payload": {"id": "x"}},
+                {"type": "approval.decided", "payload": {"id": "a-2"}}]
+
+    async def scenario():
+        socket = await connected(acme_reviewer)
+        assert await sync_to_async(publish_many)(acme.org.id, messages)
+        first = await socket.receive_json_from(timeout=2)
+        second = await socket.receive_json_from(timeout=2)
+        assert await socket.receive_nothing(timeout=0.5)
+        await socket.disconnect()
+        return [first, second]
+
+    assert run(scenario) == [messages[0], messages[2]]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_answers_pings_and_ignores_other_browser_messages(acme):
     acme_reviewer = cookie_of(acme.reviewer.user)
 
