@@ -25,7 +25,7 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
    (`approvals.notify.dispatch_recorded`), given the request, the webhooks and Slack as this call
    holds them, so that it re-reads none of them, and gathered with the other calls' events of a
    window: one claim and one group message per org for all of them, with no webhook, email or
-   Slack row to write. The event row is the outbox: a crash before it runs
+   Slack row to write. A held request does not wait for the window: reviewers wait for it. The event row is the outbox: a crash before it runs
    delays it to the beat's sweep (`approvals.tasks.sweep_events`); nothing is lost.
 
 Anything else steps aside (None), and the pipeline answers as always: a replay, a session not
@@ -309,7 +309,9 @@ def _after_commit(session: Session, effect: Effect, event: Event, approval: Appr
     else:
         announce(effect, "effect", Effect.State.PENDING, Effect.State.APPROVED, name=effect.tool_name,
                  session_id=session.pk, org_id=session.org_id, step_index=effect.step_index)
-    transaction.on_commit(lambda: after_answer.add(_fan_out, Recorded(event, approval, hooks, slack)))
+    # A held request goes out at once (reviewers wait for it); a decision made at once waits for
+    # the window's others, so that a busy process sends them in one claim and one message.
+    transaction.on_commit(lambda: after_answer.add(_fan_out, Recorded(event, approval, hooks, slack), urgent=held))
 
 
 def _fan_out(recorded: list[Recorded]) -> None:

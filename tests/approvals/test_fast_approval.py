@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -385,7 +386,7 @@ def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_me
     from lifecycle import fastapproval
 
     handed = []
-    monkeypatch.setattr(after_answer, "add", lambda fn, item: handed.append((fn, item)))
+    monkeypatch.setattr(after_answer, "add", lambda fn, item, urgent=False: handed.append((fn, item)))
     sessions = [open_session(shop) for _ in range(3)]
     with django_capture_on_commit_callbacks(execute=True):
         answers = [refund(shop, s, amount, 1) for s, amount in zip(sessions, [20, 500, 30], strict=True)]
@@ -408,31 +409,56 @@ def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_me
     assert len(sent) == 1 and len(again.captured_queries) == 1
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_burst_of_calls_reaches_the_dashboards_as_one_message_off_the_request_thread(settings):
+def _burst_persona(settings, slug: str, window_ms: int):
     settings.UNDOLOG_FANOUT_AFTER_ANSWER = True
-    settings.UNDOLOG_FANOUT_WINDOW_MS = 1000  # the three calls below come within it, however slow the machine
-    acme = make_persona("acme-fast-burst")
-    register_standard_tools(acme)
-    register(acme, irreversible("refund"))
-    add_rule(acme, name="small", condition="args.amount <= 50")
-    refund(acme, open_session(acme), 10, 1)  # warm: the key remembered, the config cached
+    persona = make_persona(slug)
+    register_standard_tools(persona)
+    register(persona, irreversible("refund"))
+    add_rule(persona, name="small", condition="args.amount <= 50")
+    refund(persona, open_session(persona), 10, 1)  # warm: the key remembered, the config cached
     assert after_answer.drain()
-    sessions = [open_session(acme) for _ in range(3)]
+    settings.UNDOLOG_FANOUT_WINDOW_MS = window_ms
+    return persona
+
+
+def _burst(persona, amounts: list[int], until) -> tuple[list, list[dict], float]:
+    sessions = [open_session(persona) for _ in amounts]
     answers = []
 
     def burst() -> None:
-        answers.extend(refund(acme, session, amount, 1) for session, amount in zip(sessions, [20, 500, 30],
-                                                                                     strict=True))
+        answers.extend(refund(persona, session, amount, 1) for session, amount in zip(sessions, amounts, strict=True))
 
-    received = _collect(events.group_name(acme.org.id), burst, until=lambda kinds: "event.batch" in kinds)
+    started = time.monotonic()
+    received = _collect(events.group_name(persona.org.id), burst, until=until)
+    assert [a["X-Undolog-Path"] for a in answers] == ["fast"] * len(amounts)
+    return sessions, received, time.monotonic() - started
 
-    assert [a["X-Undolog-Path"] for a in answers] == ["fast"] * 3
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_decisions_reaches_the_dashboards_as_one_message_off_the_request_thread(settings):
+    acme = _burst_persona(settings, "acme-fast-burst", window_ms=1000)  # the calls come within it, however slow
+
+    sessions, received, _ = _burst(acme, [20, 30, 40], until=lambda kinds: "event.batch" in kinds)
+
     [batch] = [m for m in received if m["type"] == "event.batch"]
-    assert [m["type"] for m in batch["messages"]] == ["approval.decided", "approval.requested", "approval.decided"]
+    assert [m["type"] for m in batch["messages"]] == ["approval.decided"] * 3
     assert [m["payload"]["session"] for m in batch["messages"]] == [str(s) for s in sessions]
     assert after_answer.drain()
     assert not Event.objects.filter(session_id__in=sessions, fanned_out_at__isnull=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_request_goes_out_at_once_with_the_decisions_that_waited(settings):
+    """Reviewers wait for a held request: it does not wait out the window (ten seconds here), and
+    the decision queued before it goes in the same message."""
+    acme = _burst_persona(settings, "acme-fast-urgent", window_ms=10_000)
+
+    sessions, received, took = _burst(acme, [20, 500], until=lambda kinds: "event.batch" in kinds)
+
+    [batch] = [m for m in received if m["type"] == "event.batch"]
+    assert [m["type"] for m in batch["messages"]] == ["approval.decided", "approval.requested"]
+    assert [m["payload"]["session"] for m in batch["messages"]] == [str(s) for s in sessions]
+    assert took < 5
 
 
 # ---------------------------------------------------------------- concurrency
