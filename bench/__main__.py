@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.push", "bench.intercept", "bench.run_aware", "bench.undo", "bench.rollback",
+BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.push", "bench.intercept", "bench.run_aware", "bench.undo",
+              "bench.rollback",
               "bench.dashboard", "bench.size", "bench.sdk_safe", "bench.agentdojo", "bench.gateway",
               "bench.observability", "bench.soak"]
 

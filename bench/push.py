@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
                 how = f"one call per {pace_ms} ms" if pace_ms else "back to back"
                 p50, p99 = statistics.median(found), found[int(0.99 * (len(found) - 1))]
                 results[(window, pace_ms)] = {"p50": p50, "p99": p99}
-                print(f"  window {window:>2} ms, {how:18}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {found[-1]:6.1f} ms")
+                print(f"  window {window:>2} ms, {how:18}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+                      f"max {found[-1]:6.1f} ms")
         finally:
             server.stop()
     os.environ.pop("UNDOLOG_FANOUT_WINDOW_MS")

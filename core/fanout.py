@@ -296,10 +296,10 @@ class AfterAnswer:
     `add(fn, item)` queues `item` for `fn`, which takes a list: the thread waits
     `UNDOLOG_FANOUT_WINDOW_MS` after the first item of a burst, then hands `fn` every item queued
     for it by then, in order. An `urgent` item (a request a person now waits for) ends the wait at
-    once: its push is as quick as before the window, and takes what waited with it. A busy process thus claims a window's events in one statement and
-    sends one group message per org, not one of each per call: per call, the claim and the group
-    message were the fast approval path's largest cost (~1.4 ms of CPU of a rule-decided call's
-    ~2.6, measured), more than its own read and write.
+    once: its push is as quick as before the window, and takes what waited with it. A busy process
+    thus claims a window's events in one statement and sends one group message per org, not one of
+    each per call: per call, the claim and the group message were the fast approval path's largest
+    cost (~1.4 ms of CPU of a rule-decided call's ~2.6, measured), more than its own read and write.
 
     Only work whose loss the outbox already covers comes here: an event row is fanned out by the
     beat's sweep when the process dies (or this queue is full) first, a delivery row by its own

@@ -24,9 +24,10 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
 5. After the write, off the request thread (`core.fanout.after_answer`): the event's fan-out
    (`approvals.notify.dispatch_recorded`), given the request, the webhooks and Slack as this call
    holds them, so that it re-reads none of them, and gathered with the other calls' events of a
-   window: one claim and one group message per org for all of them, with no webhook, email or
-   Slack row to write. A held request does not wait for the window: reviewers wait for it. The event row is the outbox: a crash before it runs
-   delays it to the beat's sweep (`approvals.tasks.sweep_events`); nothing is lost.
+   window: one claim and one group message per org for all of them, with no webhook, email or Slack
+   row to write. A held request does not wait for the window: reviewers wait for it. The event row
+   is the outbox: a crash before it runs delays it to the beat's sweep
+   (`approvals.tasks.sweep_events`); nothing is lost.
 
 Anything else steps aside (None), and the pipeline answers as always: a replay, a session not
 running, an agent suspended, a cap in the way (its refusal is recorded there), a deny rule or an
