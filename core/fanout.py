@@ -142,15 +142,7 @@ layer_loop = LayerLoop()
 def publish(org_id: Any, kind: str, payload: EventPayload | SessionUpdatedPayload) -> bool:
     """Send one message to the org's group. The layer may drop it (clients re-fetch on
     reconnect), so a failure is logged, never raised into the request that caused it."""
-    layer = get_channel_layer()
-    if layer is None:
-        return False
-    try:
-        layer_loop.run(layer.group_send(group_name(org_id), Message(type=kind, payload=payload)))
-    except Exception:  # Redis down must not fail a committed decision
-        log.exception("could not publish %s to the org's channel group", kind)
-        return False
-    return True
+    return _group_send(org_id, Message(type=kind, payload=payload), kind)
 
 
 def publish_many(org_id: Any, messages: list[Message]) -> bool:
@@ -158,13 +150,17 @@ def publish_many(org_id: Any, messages: list[Message]) -> bool:
     asyncio client's work, whatever their number), or the message itself when there is one."""
     if len(messages) == 1:
         return publish(org_id, messages[0]["type"], messages[0]["payload"])
+    return _group_send(org_id, EventBatchMessage(type=EVENT_BATCH, messages=messages), f"{len(messages)} events")
+
+
+def _group_send(org_id: Any, message: Message | EventBatchMessage, what: str) -> bool:
     layer = get_channel_layer()
     if layer is None:
         return False
     try:
-        layer_loop.run(layer.group_send(group_name(org_id), EventBatchMessage(type=EVENT_BATCH, messages=messages)))
-    except Exception:  # Redis down must not fail committed decisions
-        log.exception("could not publish %d events to the org's channel group", len(messages))
+        layer_loop.run(layer.group_send(group_name(org_id), message))
+    except Exception:  # Redis down must not fail a committed decision
+        log.exception("could not publish %s to the org's channel group", what)
         return False
     return True
 
