@@ -144,17 +144,17 @@ def test_the_fan_out_sends_the_payload_a_re_read_would_in_one_statement(shop, am
 
     session = open_session(shop)
     sent = []
-    real = events.publish
+    real = events.publish_many
     with django_capture_on_commit_callbacks() as callbacks:
         response = refund(shop, session, amount, 1)
     assert response["X-Undolog-Path"] == "fast"
-    notify.events.publish = lambda org, kind, payload: sent.append(payload)
+    notify.events.publish_many = lambda org, messages: sent.extend(m["payload"] for m in messages)
     try:
         with CaptureQueriesContext(connection) as queries:
             for callback in callbacks:
                 callback()
     finally:
-        notify.events.publish = real
+        notify.events.publish_many = real
 
     event = Event.objects.get(session_id=session, kind__startswith="approval.")
     assert [p["id"] for p in sent] == [str(event.pk)] and event.fanned_out_at is not None
