@@ -483,9 +483,10 @@ def _distinct(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[str, Any],
-           effect: Any = None, step_index: int | None = None) -> Verdict:
+           effect: Any = None, step_index: int | None = None, taint: Any = None) -> Verdict:
     """The verdict for a call on the intercept path (no query: see the module docstring; only a
-    rule that reads `day`, `run.calls`, `tainted()` or `window()` costs what it reads, when it is wanted)."""
+    rule that reads `day`, `run.calls`, `tainted()` or `window()` costs what it reads, when it is
+    wanted). `taint`: the run's fingerprints before this step, when the caller read them already."""
     rules = [r for r in rules_of(org) if r.concerns(agent.id, tool.name)]
     if not rules:
         return Verdict()
@@ -495,7 +496,7 @@ def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[
     if reads or "run" in wanted:
         step = step_index if step_index is not None else getattr(effect, "step_index", session.step_index)
         view = runaware.RunView(session, agent.id, step_index=step, moment=timezone.now(),
-                                exclude=getattr(effect, "pk", None), args=args)
+                                exclude=getattr(effect, "pk", None), args=args, taint=taint)
     # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
     builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
                 "run": lambda: run_of(session, view, reads), "now": lambda: now_in(org),

@@ -101,14 +101,17 @@ class RunView:
     """The run as one call's conditions see it: built lazily, each part at most once.
 
     `before_step` bounds what counts as "earlier" (the intercept: this call's step; the trial:
-    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect."""
+    the step of the call it replays), `moment` the end of a window, `exclude` this call's effect,
+    `taint` the run's fingerprints before `step_index` when the caller has them (else read once)."""
 
     def __init__(self, session: Any, agent_id: Any, *, step_index: int, moment: datetime,
-                 exclude: Any = None, args: dict[str, Any] | None = None) -> None:
+                 exclude: Any = None, args: dict[str, Any] | None = None,
+                 taint: outputs.RunTaint | None = None) -> None:
         self.session, self.agent_id, self.step_index = session, agent_id, step_index
         self.args, self._arg_of = args, None
         self.moment, self.exclude = moment, exclude
-        self._taint: outputs.RunTaint | None = None
+        # Given when the caller read the run's fingerprints already (the fast approval path's one read).
+        self._taint = taint
         self._windows: dict[tuple, Any] = {}
         self.hits: list[dict[str, Any]] = []
         # Why `requested()` said no while a rule was evaluated (reset per rule, as `hits`): for `why`.

@@ -210,15 +210,30 @@ def addresses(value: Any) -> set[str]:
     return found
 
 
-def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, labels: Iterable[str] = (),
-           untrusted_fields: Iterable[str] = (), inputs: bool = False, args: Any = None,
-           run_inputs: Any = None) -> None:
-    """Keep the fingerprints of one output of the run (in the caller's transaction), within the run's
-    bound. `inputs`: the user's request, trusted as a whole (its tokens, whole values and phrases).
-    `args` (the call that read it) and `run_inputs` (the run's request): whether the call named an
-    address the user gave is kept with them (`requested()` asks it of every tainted source)."""
+@dataclass(frozen=True)
+class Prints:
+    """One output's fingerprints, as a `RunFingerprint` row keeps them."""
+
+    step_index: int
+    tool_name: str
+    tainted: list[int]
+    vouched: list[int]
+    named: bool | None
+
+    @property
+    def size(self) -> int:
+        return len(self.tainted) + len(self.vouched)
+
+
+def prints_of_output(step_index: int, tool_name: str, output: Any, *, labels: Iterable[str] = (),
+                     untrusted_fields: Iterable[str] = (), inputs: bool = False, args: Any = None,
+                     run_inputs: Any = None) -> Prints | None:
+    """The fingerprints of one output of the run (None: nothing to keep). `inputs`: the user's
+    request, trusted as a whole (its tokens, whole values and phrases). `args` (the call that read
+    it) and `run_inputs` (the run's request): whether the call named an address the user gave is
+    kept with them (`requested()` asks it of every tainted source)."""
     if output is None:
-        return
+        return None
     if inputs:
         untrusted, trusted = [], [output]
     elif UNTRUSTED in set(labels):
@@ -233,18 +248,29 @@ def record(session_id: Any, step_index: int, tool_name: str, output: Any, *, lab
         vouched |= phrases_of(output)
     tainted -= vouched  # the same output's trusted fields vouch for what they share
     if not tainted and not vouched:
+        return None
+    # Only a read with tainted tokens is ever a source; None for the rest (and when not told the args).
+    named = bool(addresses(args) & addresses(run_inputs)) if tainted and args is not None else None
+    return Prints(step_index, tool_name[:200], sorted(tainted), sorted(vouched), named)
+
+
+def within_bound(kept: int, found: Prints) -> bool:
+    """Whether a run that keeps `kept` fingerprints may keep these too (else it is marked full)."""
+    return kept + found.size <= settings.UNDOLOG_RUN_FINGERPRINTS
+
+
+def record(session_id: Any, step_index: int, tool_name: str, output: Any, **how: Any) -> None:
+    """Keep the fingerprints of one output of the run (in the caller's transaction), within the
+    run's bound (`prints_of_output` says what `how` may say)."""
+    found = prints_of_output(step_index, tool_name, output, **how)
+    if found is None:
         return
-    bound = settings.UNDOLOG_RUN_FINGERPRINTS
-    kept = _kept(session_id)
-    if kept + len(tainted) + len(vouched) > bound:
+    if not within_bound(_kept(session_id), found):
         if not RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
             RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=FULL)
         return
-    # Only a read with tainted tokens is ever a source; None for the rest (and when not told the args).
-    named = bool(addresses(args) & addresses(run_inputs)) if tainted and args is not None else None
-    RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=tool_name[:200],
-                                  tainted=sorted(tainted), vouched=sorted(vouched),
-                                  size=len(tainted) + len(vouched), named=named)
+    RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=found.tool_name,
+                                  tainted=found.tainted, vouched=found.vouched, size=found.size, named=found.named)
 
 
 def _kept(session_id: Any) -> int:
@@ -282,9 +308,14 @@ class RunTaint:
 
     @classmethod
     def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
+        return cls.of(_rows(session_id, before_step))
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[int, str, Any, Any, bool | None]]) -> RunTaint:
+        """From a run's fingerprint rows, (step, tool, tainted, vouched, named), in order."""
         taint = cls()
         vouched: set[int] = set()
-        for step_index, tool_name, tainted, vouched_here, named in _rows(session_id, before_step):
+        for step_index, tool_name, tainted, vouched_here, named in rows:
             if tool_name == FULL:
                 taint.full, taint.full_source = True, Source(step_index, "(too many outputs to keep)")
                 continue

@@ -24,7 +24,7 @@ from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
 from effects import longpoll, outputs, shapes
 from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
-from lifecycle import claims, rollback
+from lifecycle import claims, fastpath, rollback
 from lifecycle import intercept as pipeline
 from lifecycle import shapes as run_shapes
 from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
@@ -194,7 +194,13 @@ class SessionViewSet(OrgScopedViewSet):
     @action(detail=True, methods=["post"])
     def intercept(self, request: Request, pk: str) -> Response:
         call = pipeline.parse(request.data)
-        answer = pipeline.intercept(self.caller.agent, self.lookup_value(), call)
+        agent = self.caller.agent
+        answer = pipeline.intercept(agent, self.lookup_value(), call)
+        if Agent.org.is_cached(agent):
+            # The org's config as the key's load read it, no query: a tool registered since this
+            # process cached the config is not in it, and its calls would come here until the
+            # next fast call of another tool noticed the version. Reloaded on the next call.
+            fastpath.OrgConfig.forget(agent.org_id, agent.org.config_version)
         return Response(answer.body, status=answer.status)
 
     def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:

@@ -5,22 +5,29 @@ The pipeline (`lifecycle.intercept`) answers such a call with ~15-21 statements,
 the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the request. Here:
 
 1. Before any query, from this process's caches (`fastpath.OrgConfig`, the rules' cache, both
-   stamped with the org's `config_version`): the tool is irreversible without an executor, no SAFE
-   call is reported, no daily limit or incident switch applies, and no rule that concerns the call
-   reads more than its args, tool, agent, run counters and clock (`day`, `run.calls`, `tainted()`,
-   `window()`, `run.inputs` each cost a query: the pipeline's).
+   stamped with the org's `config_version`): the tool is irreversible without an executor, no
+   daily limit or incident switch applies, and no rule that concerns the call reads more than its
+   args, tool, agent, run counters, clock, `run.inputs` and the run's fingerprints (`tainted()`,
+   `requested()`); `day`, `run.calls` and `window()` each cost a query: the pipeline's.
 2. One read, each statement its own transaction (no BEGIN and COMMIT round trips): the session
    and the row's version (xmin), its agent and org, the key's liveness, whether this signature
    was seen, the oldest live grant of this tool to this agent, the run's last calls for the
    agent context, and what the fan-out needs (the org's active webhooks, whether it has Slack).
-3. The pipeline's own decision, in memory: `budgets.guard.admit` (budgets before rules),
-   `approvals.rules.decide`, `lifecycle.intercept.decide` (quorum, reviewer groups, grants), the
-   request's fields (`ApprovalRequest.values_for`) and the answer (`intercept.granted`/`awaiting`).
-4. One write: the session's counters (and `awaiting_approval`, held), the effect, its request,
-   its history rows and the event, in one statement, guarded by the session row's version and
-   the org's config version as read: a call of the same run (or a config change) that came in
-   between makes it write nothing, and the call is decided again behind the pipeline's lock
-   (FOR UPDATE, in a transaction: 4 statements), so calls of one run still pass one by one.
+   When SAFE calls are reported with the call: whether one of their steps is recorded already
+   (a retry: the pipeline's); when a rule reads the run's taint, or an output is reported: the
+   run's fingerprint rows (or only how many it keeps, against its bound).
+3. The pipeline's own decision, in memory: the reported SAFE calls charged and their outputs
+   fingerprinted (`effects.outputs.prints_of_output`, the raw output never leaves the request),
+   `budgets.guard.admit` (budgets before rules), `approvals.rules.decide` on the run's taint as
+   read plus these outputs, `lifecycle.intercept.decide` (quorum, reviewer groups, grants), the
+   request's fields (`ApprovalRequest.values_for`, with `why`) and the answer
+   (`intercept.granted`/`awaiting`).
+4. One write: the session's counters (and `awaiting_approval`, held), the reported SAFE calls and
+   their fingerprints, the effect, its request, its history rows and the event, in one statement,
+   guarded by the session row's version and the org's config version as read: a call of the same
+   run (or a config change) that came in between makes it write nothing, and the call is decided
+   again behind the pipeline's lock (FOR UPDATE, in a transaction: 4 statements), so calls of one
+   run still pass one by one.
 5. After the write, off the request thread (`core.fanout.after_answer`): the event's fan-out
    (`approvals.notify.dispatch_recorded`), given the request, the webhooks and Slack as this call
    holds them, so that it re-reads none of them, and gathered with the other calls' events of a
@@ -29,17 +36,20 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
    is the outbox: a crash before it runs delays it to the beat's sweep
    (`approvals.tasks.sweep_events`); nothing is lost.
 
-Anything else steps aside (None), and the pipeline answers as always: a replay, a session not
-running, an agent suspended, a cap in the way (its refusal is recorded there), a deny rule or an
-observe-mode match, a config version that moved, a lost race on the signature. Stepping aside
-happens before the write, or is a write that wrote nothing.
+Anything else steps aside (None), and the pipeline answers as always: a replay, a SAFE step
+reported again, a session not running, an agent suspended, a cap in the way (its refusal is
+recorded there), a deny rule or an observe-mode match, a config version that moved, a lost race
+on the signature, two tainted reads at one step. Stepping aside happens before the write, or is
+a write that wrote nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import uuid
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -54,6 +64,7 @@ from budgets import guard
 from budgets.models import Limits
 from core import prepared
 from core.fanout import after_answer
+from effects import outputs
 from effects.models import Effect, Session, Tier, Tool, announce
 from lifecycle import fastpath
 from lifecycle import intercept as pipeline
@@ -107,16 +118,42 @@ SELECT {_select('s', _SESSION[1])}, {_select('a', _AGENT[1])}, {_select('o', _OR
     (SELECT COALESCE(jsonb_agg(jsonb_build_array({_select('w', list(_HOOK))})), '[]')
      FROM approvals_orgwebhook w WHERE w.org_id = s.org_id AND w.active) AS hooks,
     EXISTS (SELECT 1 FROM approvals_slackconnection c WHERE c.org_id = s.org_id AND c.active) AS slack,
-    s.xmin::text AS seen_as
+    s.xmin::text AS seen_as{{run}}
 FROM effects_session s
 JOIN orgs_agent a ON a.id = s.agent_id
 JOIN orgs_organization o ON o.id = s.org_id
 JOIN orgs_agentkey k ON k.id = %(key)s AND k.agent_id = s.agent_id
 WHERE s.id = %(session)s AND s.agent_id = %(agent)s
 """
-# After a lost race on the session row: the read again, behind the pipeline's lock, so that calls
-# of one run that come at once pass one by one (and stay on this path) instead of all stepping aside.
-_LOCKED_READ = _READ + "FOR UPDATE OF s\n"
+# What the call reads of the run besides, when it reports SAFE calls or a rule reads `tainted()`:
+# whether a reported step is recorded already (a retry: the pipeline charges each step once; one
+# index probe per step, as the compensable fast path's guard), and the run's fingerprints: all of
+# its rows for `tainted()` (bounded per run, `UNDOLOG_RUN_FINGERPRINTS`), or only how many it keeps
+# and whether it is full, when a reported output is to be kept within that bound.
+_SAFE_SEEN = """,
+    EXISTS (SELECT 1 FROM unnest(%(safe_steps)s::int[]) AS st(step), LATERAL (
+        SELECT 1 FROM effects_safecall y WHERE y.session_id = s.id AND y.step_index = st.step LIMIT 1) seen)
+        AS safe_seen"""
+_PRINTS = {
+    "rows": """,
+    (SELECT COALESCE(jsonb_agg(jsonb_build_array(f.step_index, f.tool_name, f.tainted, f.vouched, f.named, f.size)
+                               ORDER BY f.step_index, f.id), '[]')
+     FROM effects_runfingerprint f WHERE f.session_id = s.id) AS prints""",
+    "kept": f""",
+    (SELECT jsonb_build_array(COALESCE(sum(f.size), 0), COALESCE(bool_or(f.tool_name = '{outputs.FULL}'), false))
+     FROM effects_runfingerprint f WHERE f.session_id = s.id) AS prints""",
+    "": "",
+}
+
+
+@functools.cache
+def _read(safe: bool, prints: str, locked: bool) -> str:
+    """The read, with what this call needs of the run. Locked: after a lost race on the session
+    row, the read again behind the pipeline's lock, so that calls of one run that come at once
+    pass one by one (and stay on this path) instead of all stepping aside."""
+    sql = _READ.replace("{run}", (_SAFE_SEEN if safe else "") + _PRINTS[prints])
+    return sql + "FOR UPDATE OF s\n" if locked else sql
+
 
 _WRITE = f"""
 WITH s AS (
@@ -125,7 +162,7 @@ WITH s AS (
         state = %(state)s, updated = %(now)s
     WHERE id = %(session)s AND xmin::text = %(seen_as)s
       AND (SELECT config_version FROM orgs_organization WHERE id = org_id) = %(version)s
-    RETURNING id
+    RETURNING id{{safe}}
 ), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}
 ), q AS ({fastpath._insert(ApprovalRequest, "approval", "e")}
 ), et AS (
@@ -134,9 +171,26 @@ WITH s AS (
 ), st AS (
     INSERT INTO effects_sessiontransition (session_id, from_state, to_state, actor, reason, created)
     SELECT s.id, 'running', 'awaiting_approval', %(actor)s, '', %(now)s FROM s WHERE NOT %(approved)s
-), v AS ({fastpath._insert(Event, "event", "q")})
+), v AS ({fastpath._insert(Event, "event", "q")}{{prints}})
 SELECT (SELECT count(*) FROM v)
 """
+# The reported outputs' fingerprints (`effects.outputs.Prints`), written with the run's other rows.
+_PRINT_ROWS = """
+), fp AS (
+    INSERT INTO effects_runfingerprint (session_id, step_index, tool_name, tainted, vouched, size, named, created)
+    SELECT s.id, r.step_index, r.tool_name, r.tainted, r.vouched, r.size, r.named, %(now)s
+    FROM s, jsonb_to_recordset(%(prints)s::jsonb)
+        AS r(step_index int, tool_name text, tainted jsonb, vouched jsonb, size int, named boolean)
+    RETURNING 1"""
+
+
+@functools.cache
+def _write(safe: bool, prints: bool) -> str:
+    """The write, with the reported SAFE calls (the compensable fast path's insert) and their
+    outputs' fingerprints, each fed by the guarded session update: a lost race writes none."""
+    return _WRITE.replace("{safe}", fastpath._SAFE_CALLS if safe else "").replace(
+        "{prints}", _PRINT_ROWS if prints else "")
+
 
 _SHAPES = {model: fastpath._Shape(model) for model in (Effect, ApprovalRequest, Event)}
 
@@ -145,26 +199,54 @@ def _row(instance: Any) -> Any:
     return _SHAPES[type(instance)].row(instance.__dict__)
 
 
+# What a rule may read of the run on this path: its fingerprints come with the read (`tainted()`,
+# `requested()`), its request with the session row (`run.inputs`). `run.calls`, `window()` and
+# `day` cost queries of their own: the pipeline's.
+_READ_HERE = frozenset({"tainted", "requested", "inputs"})
+_TAINT = frozenset({"tainted", "requested"})
+
+
 def _concerned(org: Any, agent_id: Any, tool: Tool) -> list[rules.CompiledRule] | None:
     """The rules `rules.decide` will walk for this call, or None if one of them reads what costs
     a query (the pipeline's to read)."""
     concerned = [r for r in rules.rules_of(org) if r.concerns(agent_id, tool.name)]
-    if any(r.reads or "day" in r.variables for r in concerned):
+    if any(not r.reads <= _READ_HERE or "day" in r.variables for r in concerned):
         return None
     return concerned
+
+
+@dataclass
+class _Run:
+    """What this call brings of its run and needs read of it, worked out before any query."""
+
+    reported: dict[int, pipeline.ReportedSafeCall]  # by step: a step reported twice counts once
+    prints: str  # "rows", "kept" or "" (_PRINTS)
+    taint: bool  # a rule reads `tainted()` or `requested()`
+
+    @classmethod
+    def of(cls, call: pipeline.Call, concerned: list[rules.CompiledRule]) -> _Run:
+        reported = {c.step_index: c for c in call.safe_calls}
+        taint = any(r.reads & _TAINT for r in concerned)
+        outputs_reported = any(c.output is not pipeline.NO_OUTPUT for c in reported.values())
+        return cls(reported, "rows" if taint else "kept" if outputs_reported else "", taint)
+
+    def read(self, locked: bool) -> str:
+        return _read(bool(self.reported), self.prints, locked)
 
 
 def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
               session_id: uuid.UUID) -> HttpResponse | None:
     """The answer to an irreversible intercept, or None for the pipeline to give it."""
-    if tool.tier != Tier.IRREVERSIBLE or tool.executor_url or call.safe_calls:
+    if tool.tier != Tier.IRREVERSIBLE or tool.executor_url:
         return None
     limits = config.limits_for(key.org_id, key.agent_id)
     if limits.tracks_day or limits.incident:
         return None
     # The rules' cache is stamped with the version the config was read at; the read re-checks it.
-    if _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool) is None:
+    concerned = _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool)
+    if concerned is None:
         return None
+    run = _Run.of(call, concerned)
     AgentKey.touch_remembered(key)
     signature = pipeline.signature_of(session_id, call)
     db = connections[DEFAULT_DB_ALIAS]
@@ -176,10 +258,12 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
     try:
         try:
             with transaction.atomic() if db.in_atomic_block else contextlib.nullcontext():
-                return _decide(db, _READ, key, config, limits, tool, call, session_id, signature)
+                return _decide(db, run.read(locked=False), key, config, limits, tool, call, run, session_id,
+                               signature)
         except _Raced:
             with transaction.atomic():
-                return _decide(db, _LOCKED_READ, key, config, limits, tool, call, session_id, signature)
+                return _decide(db, run.read(locked=True), key, config, limits, tool, call, run, session_id,
+                               signature)
     except _ConfigMoved:
         # Reloaded now, so that the next call is fast again at once.
         fresh = fastpath.OrgConfig.of(key.org_id)
@@ -191,23 +275,28 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
 
 
 def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
-            call: pipeline.Call, session_id: uuid.UUID, signature: str) -> HttpResponse:
+            call: pipeline.Call, run: _Run, session_id: uuid.UUID, signature: str) -> HttpResponse:
     row = prepared.row(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
-                                         "session": session_id, "agent": key.agent_id})
+                                  "session": session_id, "agent": key.agent_id, "safe_steps": list(run.reported)})
     if row is None:
         raise _StepAside  # not this agent's session: the pipeline's 404
-    session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as) = _loaded(row)
+    session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as), besides = _loaded(row)
     if org.config_version != config.version:
         fastpath.OrgConfig.forget(key.org_id, org.config_version)
         raise _ConfigMoved
     if not live or seen or session.state != Session.State.RUNNING or agent.state != Agent.State.ACTIVE:
         raise _StepAside  # a 401, a replay, a 409 or 423
-    # The pipeline, step by step (`intercept._pipeline`, `_ask`), on the rows just read.
-    session.step_index = max(session.step_index, call.step_index)
+    if run.reported and besides.pop(0):
+        raise _StepAside  # a retry reports its SAFE calls again: the pipeline charges each step once
+    # The pipeline, step by step (`intercept._pipeline`, `_record_safe_calls`, `_ask`), on the rows just read.
+    for reported in run.reported.values():
+        guard.charge_safe_call(session, config.tools.get(reported.tool), reported.tool)
+    session.step_index = max(session.step_index, call.step_index, *run.reported)
+    prints, taint = _fingerprints(config, session, call, run, _json(besides.pop(0)) if run.prints else None)
     session.__dict__["_budget_limits"] = limits  # guard's own cache of the agent's limits
     if guard.exceeds(session, tool, limits) or guard.admit(session, tool, call) is not None:
         raise _StepAside  # a cap in the way: the pipeline records the refusal
-    verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index)
+    verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index, taint=taint)
     if verdict.observed or (verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.DENY):
         raise _StepAside  # observations are events of their own, a denial a refusal row
     found = None
@@ -219,9 +308,11 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     now = timezone.now()
     effect = pipeline.new_effect(org.id, session.id, tool, call, signature)
     effect.created = effect.updated = now
+    # The agent context as the pipeline reads it: after the reported SAFE calls were recorded.
+    safe = [SimpleNamespace(step_index=c[0], tool_name=c[1], args=c[2]) for c in safe]
+    safe += [SimpleNamespace(step_index=c.step_index, tool_name=c.tool, args=c.args) for c in run.reported.values()]
     context = pipeline.context_of(org.context_window, [SimpleNamespace(**dict(zip(_CONTEXT, e, strict=True)))
-                                                       for e in effects],
-                                  [SimpleNamespace(step_index=c[0], tool_name=c[1], args=c[2]) for c in safe], call)
+                                                       for e in effects], safe, call)
     approval = ApprovalRequest(**ApprovalRequest.values_for(effect, tool, session, context,
                                                             **decision.request_fields(verdict)))
     label = reason = ""
@@ -241,14 +332,17 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         event = Event(org=org, kind="approval.decided", agent=agent, session_id=session.pk,
                       data={**extra, **approval.event_data()})
     event.created = now
-    written = prepared.row(db, _WRITE, {
+    written = prepared.row(db, _write(bool(run.reported), bool(prints)), {
         "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
         "tool_counts": fastpath._jsonb(session.tool_counts),
         "violation": None if session.violation is None else fastpath._jsonb(session.violation),
         "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
         "effect": _row(effect), "approval": _row(approval), "event": _row(event),
         "approved": not decision.held, "label": label, "reason": reason[:2000], "actor": f"agent:{agent.name}",
-        "seen_as": seen_as, "version": config.version})
+        "seen_as": seen_as, "version": config.version,
+        "safe": fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
+                                 for c in run.reported.values()]),
+        "prints": fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints])})
     if not written or written[0] != 1:
         raise _Raced
     hooks = [_hook(h, org.id) for h in hooks]
@@ -261,8 +355,50 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     return response
 
 
-def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple]:
-    """The read's row as model instances (no query: as the ORM would have loaded them), and the rest."""
+def _fingerprints(config: fastpath.OrgConfig, session: Session, call: pipeline.Call, run: _Run,
+                  known: Any) -> tuple[list[outputs.Prints], outputs.RunTaint | None]:
+    """The reported outputs' fingerprints to write, within the run's bound (`outputs.record`'s
+    rule, on what the read gave: the run's rows, or how many it keeps and whether it is full), and
+    the run's taint as `tainted()` reads it before this call's step, these outputs included."""
+    rows = known if run.prints == "rows" else []
+    if run.prints == "rows":
+        kept, full = sum(r[5] for r in rows), any(r[1] == outputs.FULL for r in rows)
+    else:
+        kept, full = known if known is not None else (0, False)
+    prints: list[outputs.Prints] = []
+    for reported in run.reported.values():
+        if reported.output is pipeline.NO_OUTPUT:
+            continue
+        tool = config.tools.get(reported.tool)
+        found = outputs.prints_of_output(reported.step_index, reported.tool, reported.output,
+                                         labels=tool.labels if tool else (),
+                                         untrusted_fields=tool.untrusted_fields if tool else (),
+                                         args=reported.args, run_inputs=session.inputs)
+        if found is None:
+            continue
+        if outputs.within_bound(kept, found):
+            kept += found.size
+            prints.append(found)
+        elif not full:
+            full = True
+            prints.append(outputs.Prints(reported.step_index, outputs.FULL, [], [], None))
+    if not run.taint:
+        return prints, None
+    steps = {r[0] for r in rows}
+    if any(p.step_index in steps for p in prints):
+        # Two reads' outputs at one step: `requested()` would read both calls' args, and the
+        # fresh one is not written yet. The pipeline answers (it records first, then decides).
+        raise _StepAside
+    fresh = [(p.step_index, p.tool_name, p.tainted, p.vouched, p.named) for p in prints]
+    # In order: the run's rows by step (then id), these after them at a step (their ids are newer).
+    ordered = sorted((r for r in [*(tuple(r[:5]) for r in rows), *fresh] if r[0] < call.step_index),
+                     key=lambda r: r[0])
+    return prints, outputs.RunTaint.of(ordered)
+
+
+def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple, list]:
+    """The read's row as model instances (no query: as the ORM would have loaded them), the rest,
+    and what was read of the run besides (`_SAFE_SEEN`, `_PRINTS`), in order."""
     at = 0
     instances = []
     for model, (names, _) in ((Session, _SESSION), (Agent, _AGENT), (Organization, _ORG)):
@@ -270,11 +406,11 @@ def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple]:
         at += len(names)
         instances.append(fastpath.instance(model, values))
     session, agent, org = instances
-    live, seen, grant, effects, safe, hooks, slack, seen_as = row[at:]
+    live, seen, grant, effects, safe, hooks, slack, seen_as, *extra = row[at:]
     agent.org = session.org = org  # the pipeline's `_lock_session`: no query to reach them
     session.agent = agent
     return session, agent, org, (live, seen, _json(grant), _json(effects) or [], _json(safe) or [],
-                                 _json(hooks) or [], slack, seen_as)
+                                 _json(hooks) or [], slack, seen_as), extra
 
 
 _HOOK_FIELDS = [f.attname for f in OrgWebhook._meta.concrete_fields if f.attname in (*_HOOK, "org_id", "active")]
