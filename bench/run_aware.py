@@ -145,9 +145,11 @@ def deciding(name: str, own_read: bool):
         "session__agent", "session__org", "tool").latest("created"))
     session, agent, org = effect.session, effect.session.agent, effect.session.org
     rows = [tuple(row) for row in outputs._rows(session.pk, effect.step_index)]
+    # The fast path builds the taint only for an org whose rules read it (not the plain rule's).
+    reads_taint = any(r.reads & {"tainted", "requested"} for r in rules.rules_of(org))
 
     def decide() -> None:
-        taint = None if own_read else outputs.RunTaint.of(rows)
+        taint = outputs.RunTaint.of(rows) if reads_taint and not own_read else None
         verdict = rules.decide(org, agent, session, effect.tool, effect.args, effect=effect, taint=taint)
         assert verdict.rule is not None and verdict.rule.outcome == "require"
 
