@@ -1,14 +1,18 @@
 """An irreversible call decided at once (an approve rule, a live grant) or held for people, in two
-statements on PostgreSQL (issue 26).
+statements on PostgreSQL (issue 26); and so a compensable call the rules decide (an org whose
+rules may hold compensable calls: run at once with its undo entry, or held like an irreversible
+one) or that reports an output to fingerprint (issue 25), which the one-statement compensable
+path (`lifecycle.fastpath`) cannot take.
 
-The pipeline (`lifecycle.intercept`) answers such a call with ~15-21 statements, each compiled by
+The pipeline (`lifecycle.intercept`) answers such a call with ~15-26 statements, each compiled by
 the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the request. Here:
 
 1. Before any query, from this process's caches (`fastpath.OrgConfig`, the rules' cache, both
-   stamped with the org's `config_version`): the tool is irreversible without an executor, no
-   daily limit or incident switch applies, and no rule that concerns the call reads more than its
-   args, tool, agent, run counters, clock, `run.inputs` and the run's fingerprints (`tainted()`,
-   `requested()`); `day`, `run.calls` and `window()` each cost a query: the pipeline's.
+   stamped with the org's `config_version`): the tool is irreversible, or compensable with its
+   compensation, without an executor, no daily limit or incident switch applies, and no rule that
+   concerns the call reads more than its args, tool, agent, run counters, clock, `run.inputs` and
+   the run's fingerprints (`tainted()`, `requested()`); `day`, `run.calls` and `window()` each
+   cost a query: the pipeline's.
 2. One read, each statement its own transaction (no BEGIN and COMMIT round trips): the session
    and the row's version (xmin), its agent and org, the key's liveness, whether this signature
    was seen, the oldest live grant of this tool to this agent, the run's last calls for the
@@ -23,7 +27,8 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
    request's fields (`ApprovalRequest.values_for`, with `why`) and the answer
    (`intercept.granted`/`awaiting`).
 4. One write: the session's counters (and `awaiting_approval`, held), the reported SAFE calls and
-   their fingerprints, the effect, its request, its history rows and the event, in one statement,
+   their fingerprints, the effect, a compensable call's undo entry, its request, its history rows
+   and the event (a compensable call that runs at once has neither), in one statement,
    guarded by the session row's version and the org's config version as read: a call of the same
    run (or a config change) that came in between makes it write nothing, and the call is decided
    again behind the pipeline's lock (FOR UPDATE, in a transaction: 4 statements), so calls of one
@@ -65,7 +70,7 @@ from budgets.models import Limits
 from core import prepared
 from core.fanout import after_answer
 from effects import outputs
-from effects.models import Effect, Session, Tier, Tool, announce
+from effects.models import Effect, Session, Tier, Tool, UndoEntry, announce
 from lifecycle import fastpath
 from lifecycle import intercept as pipeline
 from orgs.models import Agent, AgentKey, Event, Organization, Recorded, RememberedKey, events_recorded
@@ -155,15 +160,22 @@ def _read(safe: bool, prints: str, locked: bool) -> str:
     return sql + "FOR UPDATE OF s\n" if locked else sql
 
 
-_WRITE = f"""
+# The write, in parts (`_write`): each CTE fed by the one before, all by the guarded session update,
+# so a lost race writes none of them.
+_WRITE_SESSION = """
 WITH s AS (
     UPDATE effects_session SET tool_calls = %(tool_calls)s, irreversible_calls = %(irreversible_calls)s,
         cost = %(cost)s, tool_counts = %(tool_counts)s, violation = %(violation)s::jsonb, step_index = %(step)s,
         state = %(state)s, updated = %(now)s
     WHERE id = %(session)s AND xmin::text = %(seen_as)s
       AND (SELECT config_version FROM orgs_organization WHERE id = org_id) = %(version)s
-    RETURNING id{{safe}}
-), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}
+    RETURNING id"""
+_WRITE_EFFECT = f"""
+), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}"""
+# A compensable call's undo entry, pushed with its effect (held or not), as the pipeline pushes it.
+_WRITE_ENTRY = f"""
+), u AS ({fastpath._insert(UndoEntry, "entry", "e")}"""
+_WRITE_REQUEST = f"""
 ), q AS ({fastpath._insert(ApprovalRequest, "approval", "e")}
 ), et AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
@@ -171,11 +183,9 @@ WITH s AS (
 ), st AS (
     INSERT INTO effects_sessiontransition (session_id, from_state, to_state, actor, reason, created)
     SELECT s.id, 'running', 'awaiting_approval', %(actor)s, '', %(now)s FROM s WHERE NOT %(approved)s
-), v AS ({fastpath._insert(Event, "event", "q")}{{prints}})
-SELECT (SELECT count(*) FROM v)
-"""
+), v AS ({fastpath._insert(Event, "event", "q")}"""
 # The reported outputs' fingerprints (`effects.outputs.Prints`), written with the run's other rows.
-_PRINT_ROWS = """
+_WRITE_PRINTS = """
 ), fp AS (
     INSERT INTO effects_runfingerprint (session_id, step_index, tool_name, tainted, vouched, size, named, created)
     SELECT s.id, r.step_index, r.tool_name, r.tainted, r.vouched, r.size, r.named, %(now)s
@@ -185,14 +195,17 @@ _PRINT_ROWS = """
 
 
 @functools.cache
-def _write(safe: bool, prints: bool) -> str:
-    """The write, with the reported SAFE calls (the compensable fast path's insert) and their
-    outputs' fingerprints, each fed by the guarded session update: a lost race writes none."""
-    return _WRITE.replace("{safe}", fastpath._SAFE_CALLS if safe else "").replace(
-        "{prints}", _PRINT_ROWS if prints else "")
+def _write(*, safe: bool, prints: bool, entry: bool, request: bool) -> str:
+    """The write: the session's counters, the reported SAFE calls (the compensable fast path's
+    insert), the effect, its undo entry (compensable), its request with its history rows and event
+    (unless a compensable call executes at once), the outputs' fingerprints. It answers how many
+    events (or, with no request, effects) it wrote: 0 after a lost race."""
+    parts = [_WRITE_SESSION + (fastpath._SAFE_CALLS if safe else ""), _WRITE_EFFECT,
+             _WRITE_ENTRY if entry else "", _WRITE_REQUEST if request else "", _WRITE_PRINTS if prints else ""]
+    return "".join(parts) + f"\n)\nSELECT (SELECT count(*) FROM {'v' if request else 'e'})\n"
 
 
-_SHAPES = {model: fastpath._Shape(model) for model in (Effect, ApprovalRequest, Event)}
+_SHAPES = {model: fastpath._Shape(model) for model in (Effect, UndoEntry, ApprovalRequest, Event)}
 
 
 def _row(instance: Any) -> Any:
@@ -236,16 +249,22 @@ class _Run:
 
 def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
               session_id: uuid.UUID) -> HttpResponse | None:
-    """The answer to an irreversible intercept, or None for the pipeline to give it."""
-    if tool.tier != Tier.IRREVERSIBLE or tool.executor_url:
+    """The answer to an irreversible intercept, or to a compensable one the compensable fast path
+    leaves (the org's rules decide compensable calls, or an output is reported), or None for the
+    pipeline to give it."""
+    if tool.executor_url or not (tool.tier == Tier.IRREVERSIBLE or
+                                 (tool.tier == Tier.COMPENSABLE and tool.compensation_fn is not None)):
         return None
     limits = config.limits_for(key.org_id, key.agent_id)
     if limits.tracks_day or limits.incident:
         return None
-    # The rules' cache is stamped with the version the config was read at; the read re-checks it.
-    concerned = _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool)
-    if concerned is None:
-        return None
+    if _by_rules(config, tool):
+        # The rules' cache is stamped with the version the config was read at; the read re-checks it.
+        concerned = _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool)
+        if concerned is None:
+            return None
+    else:
+        concerned = []
     run = _Run.of(call, concerned)
     AgentKey.touch_remembered(key)
     signature = pipeline.signature_of(session_id, call)
@@ -274,6 +293,12 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
         return None  # nothing written; a duplicate that won the race on the signature replays there
 
 
+def _by_rules(config: fastpath.OrgConfig, tool: Tool) -> bool:
+    """Whether the rules decide this call: every irreversible one; a compensable one only in an
+    org whose rules may hold or refuse compensable calls (`rules.sees_compensable`)."""
+    return tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable
+
+
 def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
             call: pipeline.Call, run: _Run, session_id: uuid.UUID, signature: str) -> HttpResponse:
     row = prepared.row(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
@@ -296,9 +321,14 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     session.__dict__["_budget_limits"] = limits  # guard's own cache of the agent's limits
     if guard.exceeds(session, tool, limits) or guard.admit(session, tool, call) is not None:
         raise _StepAside  # a cap in the way: the pipeline records the refusal
-    verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index, taint=taint)
+    verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index, taint=taint) \
+        if _by_rules(config, tool) else rules.Verdict()
     if verdict.observed or (verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.DENY):
         raise _StepAside  # observations are events of their own, a denial a refusal row
+    compensable = tool.tier == Tier.COMPENSABLE
+    if compensable and (verdict.rule is None or verdict.rule.outcome == rules.Rule.Outcome.APPROVE):
+        # What no rule holds runs at once, its undo entry pushed first (`intercept._pipeline`).
+        return _execute(db, session, tool, call, run, prints, signature, seen_as, config)
     found = None
     if grant is not None:
         found = SimpleNamespace(pk=uuid.UUID(grant[0]), label=f"{GRANT_PREFIX}{grant[0]}",
@@ -308,6 +338,10 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     now = timezone.now()
     effect = pipeline.new_effect(org.id, session.id, tool, call, signature)
     effect.created = effect.updated = now
+    entry = None
+    if compensable:  # held by a rule: it waits like an irreversible call, its undo entry pushed
+        effect.state = Effect.State.PENDING
+        entry = _entry(tool, effect, now)
     # The agent context as the pipeline reads it: after the reported SAFE calls were recorded.
     safe = [SimpleNamespace(step_index=c[0], tool_name=c[1], args=c[2]) for c in safe]
     safe += [SimpleNamespace(step_index=c.step_index, tool_name=c.tool, args=c.args) for c in run.reported.values()]
@@ -332,26 +366,57 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         event = Event(org=org, kind="approval.decided", agent=agent, session_id=session.pk,
                       data={**extra, **approval.event_data()})
     event.created = now
-    written = prepared.row(db, _write(bool(run.reported), bool(prints)), {
-        "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
-        "tool_counts": fastpath._jsonb(session.tool_counts),
-        "violation": None if session.violation is None else fastpath._jsonb(session.violation),
-        "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
-        "effect": _row(effect), "approval": _row(approval), "event": _row(event),
-        "approved": not decision.held, "label": label, "reason": reason[:2000], "actor": f"agent:{agent.name}",
-        "seen_as": seen_as, "version": config.version,
-        "safe": fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
-                                 for c in run.reported.values()]),
-        "prints": fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints])})
-    if not written or written[0] != 1:
-        raise _Raced
+    _write_run(db, session, run, prints, seen_as, config, now, effect=effect, entry=entry, request={
+        "approval": _row(approval), "event": _row(event), "approved": not decision.held, "label": label,
+        "reason": reason[:2000], "actor": f"agent:{agent.name}"})
     hooks = [_hook(h, org.id) for h in hooks]
     effect.tool = tool  # the payload's `executor`, without a query
     _after_commit(session, effect, event, approval, hooks, slack=slack and decision.held, held=decision.held)
     answer = pipeline.granted(effect, approval) if decision.grant is not None else \
         pipeline.awaiting(effect, tool, approval)
     response = fastpath._respond(answer.status, answer.body)
-    response.undolog_outcome = (Tier.IRREVERSIBLE.value, answer.body["decision"])  # core/observe.py's metrics
+    response.undolog_outcome = (tool.tier, answer.body["decision"])  # core/observe.py's metrics
+    return response
+
+
+def _entry(tool: Tool, effect: Effect, now: Any) -> UndoEntry:
+    entry = pipeline.new_undo_entry(tool, effect)
+    entry.created = entry.updated = now
+    return entry
+
+
+def _write_run(db: Any, session: Session, run: _Run, prints: list[outputs.Prints], seen_as: str,
+               config: fastpath.OrgConfig, now: Any, *, effect: Effect, entry: UndoEntry | None,
+               request: dict[str, Any] | None) -> None:
+    """The one write (`_write`), or `_Raced` when it wrote nothing."""
+    sql = _write(safe=bool(run.reported), prints=bool(prints), entry=entry is not None, request=request is not None)
+    written = prepared.row(db, sql, {
+        "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
+        "tool_counts": fastpath._jsonb(session.tool_counts),
+        "violation": None if session.violation is None else fastpath._jsonb(session.violation),
+        "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
+        "seen_as": seen_as, "version": config.version, "effect": _row(effect),
+        "entry": _row(entry) if entry is not None else None,
+        "safe": fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
+                                 for c in run.reported.values()]),
+        "prints": fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints]), **(request or {})})
+    if not written or written[0] != 1:
+        raise _Raced
+
+
+def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _Run, prints: list[outputs.Prints],
+             signature: str, seen_as: str, config: fastpath.OrgConfig) -> HttpResponse:
+    """A compensable call no rule holds: its effect `executing` and its undo entry, the 201 execute."""
+    now = timezone.now()
+    effect = pipeline.new_effect(session.org_id, session.id, tool, call, signature)
+    effect.created = effect.updated = now
+    entry = _entry(tool, effect, now)
+    _write_run(db, session, run, prints, seen_as, config, now, effect=effect, entry=entry, request=None)
+    announce(effect, "effect", None, Effect.State.EXECUTING, name=effect.tool_name, session_id=session.pk,
+             org_id=session.org_id, step_index=effect.step_index)
+    response = fastpath._respond(201, {"decision": "execute", "effect": effect.as_dict(),
+                                       "undo_entry": entry.as_dict()})
+    response.undolog_outcome = (tool.tier, "execute")
     return response
 
 

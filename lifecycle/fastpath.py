@@ -12,8 +12,12 @@ active agent, from a key this process has verified before) needs no read before 
    effect's INSERT, which feeds the undo entry's INSERT. The same statement reads back the
    effect already holding this signature (a replay) and the org's current config version.
 3. Anything else returns None and the caller runs the full pipeline (`lifecycle.intercept`),
-   which owns every rule: a first use of a key, SAFE calls reported, a daily limit, a cap in the
-   way, a session not running, an irreversible call or its replay, a lost race on the signature.
+   which owns every rule: a first use of a key, a SAFE step reported again, a daily limit, a cap
+   in the way, a session not running, an irreversible call or its replay, a lost race on the
+   signature.
+   An irreversible call, a compensable one of an org whose rules may hold compensable calls, and
+   one that reports an output to fingerprint go to `lifecycle.fastapproval` (a read, then the
+   write) before that.
    The fast path only ever gives the answer the pipeline would have given.
 
 Concurrency: the UPDATE takes the session's row lock, so calls of one session still pass one by
@@ -397,14 +401,17 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     if refused is not None:
         return refused
     tool = config.tools.get(call.tool) if config else None
-    if tool is not None and tool.tier == Tier.IRREVERSIBLE:
+    if tool is None or tool.tier not in (Tier.IRREVERSIBLE, Tier.COMPENSABLE):
+        return None
+    if tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable or \
+            any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):
+        # The org's rules decide (compensable calls too, in an org whose rules may hold them), or
+        # an output must be fingerprinted: a read, then the write (lifecycle/fastapproval.py).
         from lifecycle import fastapproval  # built on this module's statements
 
         return fastapproval.intercept(key, config, tool, call, session)
-    if tool is None or tool.tier != Tier.COMPENSABLE or tool.compensation_fn is None:
+    if tool.compensation_fn is None:
         return None
-    if config.rules_see_compensable or any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):
-        return None  # the org's rules decide compensable calls, or an output must be fingerprinted
     limits = config.limits_for(key.org_id, key.agent_id)
     caps = _run_caps(limits, tool)
     if caps is None:

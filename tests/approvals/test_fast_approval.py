@@ -18,12 +18,22 @@ from approvals import events
 from approvals.models import ApprovalRequest
 from core import observe
 from core.fanout import after_answer
-from effects.models import Effect, EffectTransition, RunFingerprint, SafeCall, Session, SessionTransition
+from effects.models import (
+    CompensationFunction,
+    Effect,
+    EffectTransition,
+    RunFingerprint,
+    SafeCall,
+    Session,
+    SessionTransition,
+    UndoEntry,
+)
 from orgs import models as org_models
 from orgs.models import Event
 from tests.approvals.conftest import irreversible, register
 from tests.budgets.conftest import set_budget
 from tests.conftest import agent_client, in_parallel, intercept, make_persona, open_session, register_standard_tools
+from tests.receiver import Receiver
 
 TRANSACTION_CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
 
@@ -688,3 +698,119 @@ def test_concurrent_calls_of_one_run_reporting_the_same_read_record_and_charge_i
     assert RunFingerprint.objects.filter(session_id=session, step_index=1).count() == ("output" in read)
     assert Session.objects.get(pk=session).tool_calls == calls + 1
     assert Effect.objects.filter(session_id=session).count() == calls
+
+
+# ---------------------------------------------------------------- compensable calls the rules decide, or with outputs
+
+
+@pytest.fixture
+def sharing(mail):
+    """mail with a compensable `share_file` (undone by a webhook), whose rules do not name it."""
+    CompensationFunction.objects.create(org=mail.org, fn_name="unshare", fn_version="1.0.0", handler="webhook",
+                                        target="https://hooks.example.com/undo")
+    register(mail, {"name": "share_file", "tier": "compensable",
+                    "compensation": {"fn_name": "unshare", "fn_version": "1.0.0", "args": {"to": "{email}"}}})
+    return mail
+
+
+def _share(persona, session, email: str, step: int, **extra):
+    return intercept(persona, session, "share_file", {"file": "q3.xlsx", "email": email}, step, **extra)
+
+
+def _compensable_rows(session) -> dict:
+    effect = Effect.objects.get(session_id=session, tool_name="share_file")
+    entry = UndoEntry.objects.get(effect=effect)
+    approval = ApprovalRequest.objects.filter(effect=effect).first()
+    return {
+        "effect": (effect.state, effect.tier, effect.args, effect.args_digest, effect.step_index,
+                   effect.undo_needs_result),
+        "entry": (entry.state, entry.step_index, entry.fn_name, entry.fn_version, entry.args, entry.args_template,
+                  entry.max_retries, entry.retry_backoff_ms),
+        "approval": approval and (approval.state, approval.rule, approval.why, approval.agent_context,
+                                  approval.approvals_required),
+        "transitions": list(EffectTransition.objects.filter(effect=effect).values_list("from_state", "to_state")),
+        "events": sorted(e.kind for e in Event.objects.filter(session_id=session)),
+        "session": Session.objects.filter(pk=session).values_list(
+            "state", "tool_calls", "irreversible_calls", "cost", "tool_counts", "step_index").get(),
+        "safe": list(SafeCall.objects.filter(session_id=session).values_list("tool_name", "step_index", "args")),
+        "prints": _fingerprint_rows(session),
+    }
+
+
+def _slow_then_fast(persona, inputs, call):
+    slow_session, fast_session = _start(persona, inputs), _start(persona, inputs)
+    org_models._REMEMBERED.clear()  # a key this process has not seen: the pipeline answers
+    slow = call(slow_session)
+    fast = call(fast_session)
+    assert (slow.get("X-Undolog-Path"), fast.get("X-Undolog-Path")) == (None, "fast")
+    assert slow.status_code == fast.status_code
+    _same(slow.json(), fast.json())
+    assert _compensable_rows(slow_session) == _compensable_rows(fast_session)
+    return fast
+
+
+@pytest.mark.django_db
+def test_a_compensable_call_that_reports_an_output_executes_in_one_read_and_one_write(sharing):
+    session = _start(sharing, {"task": "Share the Q3 sheet with my team"})
+    warm = open_session(sharing)
+    for step in (1, 2):  # the first notices the tool is new to the cached config; the second reloads it
+        _share(sharing, warm, f"warm{step}@shop.example", step)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = _share(sharing, session, "team@shop.example", 2, safe_calls=[_inbox(1)])
+
+    assert response.status_code == 201 and response["X-Undolog-Path"] == "fast", response.content
+    assert response.json()["decision"] == "execute" and response.json()["undo_entry"]["state"] == "pending"
+    assert len(statements(queries)) == 2, "\n".join(s[:80] for s in statements(queries))
+    assert Effect.objects.get(pk=response.json()["effect"]["id"]).state == "executing"
+    assert UndoEntry.objects.filter(effect_id=response.json()["effect"]["id"]).count() == 1
+    assert [row[1] for row in _fingerprint_rows(session)] == ["inputs", "read_inbox"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("email", ["team@shop.example", "mallory@evil-mail.io"], ids=["executes", "held"])
+def test_a_compensable_call_the_rules_decide_answers_and_records_exactly_as_the_pipeline(sharing, email):
+    add_rule(sharing, name="tainted-share", outcome="require", position=0,
+             condition="tool.name == 'share_file' && tainted(args) && !requested(args)")
+    warm = open_session(sharing)
+    for step in (1, 2):  # the first notices the rule moved the config; the second is fast
+        _share(sharing, warm, f"warm{step}@shop.example", step)
+
+    fast = _slow_then_fast(sharing, {"task": "Share the Q3 sheet with the team"},
+                           lambda session: _share(sharing, session, email, 2, safe_calls=[_inbox(1)]))
+
+    held = email.startswith("mallory")
+    assert fast.status_code == (202 if held else 201)
+    assert fast.json()["decision"] == ("await_approval" if held else "execute")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("eager")
+def test_a_held_compensable_call_on_the_fast_path_runs_after_approval_and_is_undone_on_rollback(sharing):
+    with Receiver(secrets=[sharing.org.webhook_secret]) as receiver:
+        CompensationFunction.objects.filter(org=sharing.org, fn_name="unshare").update(target=receiver.url)
+        add_rule(sharing, name="tainted-share", outcome="require", position=0,
+                 condition="tool.name == 'share_file' && tainted(args)")
+        warm = open_session(sharing)
+        for step in (1, 2):
+            _share(sharing, warm, f"warm{step}@shop.example", step)
+        run = _start(sharing, {"task": "Summarise my inbox"})
+        clean = _share(sharing, run, "team@shop.example", 1)
+        held = _share(sharing, run, "mallory@evil-mail.io", 3, safe_calls=[_inbox(2)])
+        assert (clean["X-Undolog-Path"], held["X-Undolog-Path"]) == ("fast", "fast")
+        assert held.status_code == 202 and Session.objects.get(pk=run).state == "awaiting_approval"
+        for response in (clean, held):
+            effect = response.json()["effect"]["id"]
+            if response is held:
+                approval = ApprovalRequest.objects.get(effect_id=effect)
+                assert sharing.reviewer.post(f"/api/v1/approvals/{approval.id}/approve", {},
+                                             format="json").status_code == 200
+            assert sharing.api.post(f"/api/v1/effects/{effect}/commit", {"result": {"shared": True}},
+                                    format="json").status_code == 200
+
+        assert sharing.api.post(f"/api/v1/sessions/{run}/fail", {"error": "stop"}, format="json").status_code == 200
+
+        assert set(Effect.objects.filter(session_id=run).values_list("state", flat=True)) == {"compensated"}
+        # Newest first, each once.
+        assert [d.body["args"] for d in receiver.applied.values()] == [{"to": "mallory@evil-mail.io"},
+                                                                        {"to": "team@shop.example"}]

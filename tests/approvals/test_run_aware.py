@@ -236,7 +236,12 @@ def test_a_rule_naming_a_compensable_tool_sends_its_calls_through_the_rules(mail
     run = start(mail)
     intercept(mail, run, "share_file", {"file": "a", "email": "a@x.io"}, 1)
     response = intercept(mail, run, "share_file", {"file": "b", "email": "b@x.io"}, 2)
-    assert response.status_code == 201 and response.get("X-Undolog-Path") is None
+    denied = intercept(mail, run, "share_file", {"file": "c", "email": "c@evil-mail.io"}, 3)
+
+    # Decided by the rules: on PostgreSQL by the fast approval path (one read, one write), not the
+    # compensable one-statement path; a call the rule refuses is the pipeline's (its refusal row).
+    assert response.status_code == 201 and response.get("X-Undolog-Path") == ("fast" if FAST else None)
+    assert denied.status_code == 403 and denied.get("X-Undolog-Path") is None
 
 
 def test_no_raw_untrusted_output_is_left_in_any_table(mail_rules):
