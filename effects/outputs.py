@@ -254,23 +254,42 @@ def prints_of_output(step_index: int, tool_name: str, output: Any, *, labels: It
     return Prints(step_index, tool_name[:200], sorted(tainted), sorted(vouched), named)
 
 
-def within_bound(kept: int, found: Prints) -> bool:
-    """Whether a run that keeps `kept` fingerprints may keep these too (else it is marked full)."""
-    return kept + found.size <= settings.UNDOLOG_RUN_FINGERPRINTS
+@dataclass
+class Bound:
+    """A run's fingerprints kept so far, against its bound (`UNDOLOG_RUN_FINGERPRINTS`): what of
+    each new output is written. `full`: the run's marker row is written already (None: not known;
+    the writer asks before it writes one)."""
+
+    kept: int
+    full: bool | None = None
+
+    def admit(self, found: Prints) -> Prints | None:
+        """`found` within the bound; past it, the run's full marker the first time, else nothing
+        (`tainted()` then holds every string of the run: it fails closed)."""
+        if self.kept + found.size <= settings.UNDOLOG_RUN_FINGERPRINTS:
+            self.kept += found.size
+            return found
+        if self.full:
+            return None
+        self.full = True
+        return Prints(found.step_index, FULL, [], [], None)
 
 
 def record(session_id: Any, step_index: int, tool_name: str, output: Any, **how: Any) -> None:
     """Keep the fingerprints of one output of the run (in the caller's transaction), within the
     run's bound (`prints_of_output` says what `how` may say)."""
     found = prints_of_output(step_index, tool_name, output, **how)
-    if found is None:
+    if found is not None:
+        keep(session_id, found)
+
+
+def keep(session_id: Any, found: Prints) -> None:
+    """Write one output's fingerprints, or the run's full marker past its bound (once)."""
+    kept = Bound(_kept(session_id)).admit(found)
+    if kept.tool_name == FULL and RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
         return
-    if not within_bound(_kept(session_id), found):
-        if not RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
-            RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=FULL)
-        return
-    RunFingerprint.objects.create(session_id=session_id, step_index=step_index, tool_name=found.tool_name,
-                                  tainted=found.tainted, vouched=found.vouched, size=found.size, named=found.named)
+    RunFingerprint.objects.create(session_id=session_id, step_index=kept.step_index, tool_name=kept.tool_name,
+                                  tainted=kept.tainted, vouched=kept.vouched, size=kept.size, named=kept.named)
 
 
 def _kept(session_id: Any) -> int:

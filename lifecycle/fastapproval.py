@@ -422,31 +422,20 @@ def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _R
 
 def _fingerprints(config: fastpath.OrgConfig, session: Session, call: pipeline.Call, run: _Run,
                   known: Any) -> tuple[list[outputs.Prints], outputs.RunTaint | None]:
-    """The reported outputs' fingerprints to write, within the run's bound (`outputs.record`'s
-    rule, on what the read gave: the run's rows, or how many it keeps and whether it is full), and
-    the run's taint as `tainted()` reads it before this call's step, these outputs included."""
+    """The reported outputs' fingerprints to write, within the run's bound (`outputs.Bound`, on
+    what the read gave: the run's rows, or how many it keeps and whether it is full), and the run's
+    taint as `tainted()` reads it before this call's step, these outputs included."""
     rows = known if run.prints == "rows" else []
     if run.prints == "rows":
-        kept, full = sum(r[5] for r in rows), any(r[1] == outputs.FULL for r in rows)
+        bound = outputs.Bound(sum(r[5] for r in rows), any(r[1] == outputs.FULL for r in rows))
     else:
-        kept, full = known if known is not None else (0, False)
+        bound = outputs.Bound(*known) if known is not None else outputs.Bound(0, False)
     prints: list[outputs.Prints] = []
     for reported in run.reported.values():
-        if reported.output is pipeline.NO_OUTPUT:
-            continue
-        tool = config.tools.get(reported.tool)
-        found = outputs.prints_of_output(reported.step_index, reported.tool, reported.output,
-                                         labels=tool.labels if tool else (),
-                                         untrusted_fields=tool.untrusted_fields if tool else (),
-                                         args=reported.args, run_inputs=session.inputs)
-        if found is None:
-            continue
-        if outputs.within_bound(kept, found):
-            kept += found.size
-            prints.append(found)
-        elif not full:
-            full = True
-            prints.append(outputs.Prints(reported.step_index, outputs.FULL, [], [], None))
+        found = reported.prints(config.tools.get(reported.tool), session.inputs)
+        kept = bound.admit(found) if found is not None else None
+        if kept is not None:
+            prints.append(kept)
     if not run.taint:
         return prints, None
     steps = {r[0] for r in rows}

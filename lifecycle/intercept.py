@@ -42,6 +42,14 @@ class ReportedSafeCall:
     args: dict
     output: Any = NO_OUTPUT  # the tool's return value: only its fingerprints are kept (effects/outputs.py)
 
+    def prints(self, tool: Tool | None, run_inputs: Any) -> outputs.Prints | None:
+        """Its output's fingerprints, by its tool's labels (None: no output, or nothing in it to keep)."""
+        if self.output is NO_OUTPUT:
+            return None
+        return outputs.prints_of_output(self.step_index, self.tool, self.output, labels=tool.labels if tool else (),
+                                        untrusted_fields=tool.untrusted_fields if tool else (), args=self.args,
+                                        run_inputs=run_inputs)
+
 
 @dataclass
 class Call:
@@ -401,11 +409,9 @@ def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools
         SafeCall(session=session, tool_name=c.tool, step_index=c.step_index, args=c.args) for c in fresh.values())
     for safe in fresh.values():
         guard.charge_safe_call(session, tools.get(safe.tool), safe.tool)
-        if safe.output is not NO_OUTPUT:
-            tool = tools.get(safe.tool)
-            outputs.record(session.id, safe.step_index, safe.tool, safe.output,
-                           labels=tool.labels if tool else (), untrusted_fields=tool.untrusted_fields if tool else (),
-                           args=safe.args, run_inputs=session.inputs)
+        found = safe.prints(tools.get(safe.tool), session.inputs)
+        if found is not None:
+            outputs.keep(session.id, found)
     session.step_index = max(session.step_index, *fresh)
 
 

@@ -518,3 +518,21 @@ def test_a_rule_naming_a_label_of_a_compensable_tool_holds_its_tainted_calls(mai
     assert response.status_code == 202, response.content
     why = ApprovalRequest.objects.get(effect_id=response.json()["effect"]["id"]).why
     assert why[0]["rule"] == "tainted-external" and why[0]["tainted"][0]["from_tool"] == "read_inbox"
+
+
+def test_a_run_past_its_fingerprint_bound_is_marked_full_once_and_holds_what_it_cannot_check(mail_rules, settings):
+    acme = mail_rules
+    run = start(acme, inputs={"task": "Summarise my inbox"})
+    settings.UNDOLOG_RUN_FINGERPRINTS = RunFingerprint.objects.get(session_id=run).size + 3
+    many = " ".join(f"write to user{n}@elsewhere.example" for n in range(20))
+
+    first = intercept(acme, run, "send_mail", {"to": "user3@elsewhere.example"}, 2, safe_calls=[inbox(1, many)])
+    acme.reviewer.post(f"/api/v1/approvals/{first.json()['approval']['id']}/approve", {}, format="json")
+    second = intercept(acme, run, "send_mail", {"to": "user4@elsewhere.example"}, 4, safe_calls=[inbox(3, many)])
+
+    assert first.json()["approval"]["decided_by"] is None  # it fails closed: a person decides
+    why = ApprovalRequest.objects.get(effect_id=first.json()["effect"]["id"]).why[0]
+    assert why["tainted"][0]["from_tool"] == "(too many outputs to keep)"
+    assert second.status_code == 202 and second.json()["approval"]["decided_by"] is None
+    assert list(RunFingerprint.objects.filter(session_id=run).values_list("tool_name", flat=True)) == [
+        "inputs", "__full__"]
