@@ -235,16 +235,23 @@ class _Run:
     reported: dict[int, pipeline.ReportedSafeCall]  # by step: a step reported twice counts once
     prints: str  # "rows", "kept" or "" (_PRINTS)
     taint: bool  # a rule reads `tainted()` or `requested()`
+    by_rules: bool  # the rules decide it (`_by_rules`)
 
     @classmethod
-    def of(cls, call: pipeline.Call, concerned: list[rules.CompiledRule]) -> _Run:
+    def of(cls, call: pipeline.Call, concerned: list[rules.CompiledRule], by_rules: bool) -> _Run:
         reported = {c.step_index: c for c in call.safe_calls}
         taint = any(r.reads & _TAINT for r in concerned)
         outputs_reported = any(c.output is not pipeline.NO_OUTPUT for c in reported.values())
-        return cls(reported, "rows" if taint else "kept" if outputs_reported else "", taint)
+        return cls(reported, "rows" if taint else "kept" if outputs_reported else "", taint, by_rules)
 
     def read(self, locked: bool) -> str:
         return _read(bool(self.reported), self.prints, locked)
+
+    def besides(self, extra: list) -> tuple[bool, Any]:
+        """What the read gave of the run besides, in `_read`'s order: whether a reported step is
+        recorded already, and the fingerprints (`_PRINTS[self.prints]`, None when not asked)."""
+        seen = bool(extra.pop(0)) if self.reported else False
+        return seen, _json(extra.pop(0)) if self.prints else None
 
 
 def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
@@ -258,14 +265,15 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
     limits = config.limits_for(key.org_id, key.agent_id)
     if limits.tracks_day or limits.incident:
         return None
-    if _by_rules(config, tool):
+    by_rules = _by_rules(config, tool)
+    if by_rules:
         # The rules' cache is stamped with the version the config was read at; the read re-checks it.
         concerned = _concerned(SimpleNamespace(id=key.org_id, config_version=config.version), key.agent_id, tool)
         if concerned is None:
             return None
     else:
         concerned = []
-    run = _Run.of(call, concerned)
+    run = _Run.of(call, concerned, by_rules)
     AgentKey.touch_remembered(key)
     signature = pipeline.signature_of(session_id, call)
     db = connections[DEFAULT_DB_ALIAS]
@@ -305,24 +313,25 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
                                   "session": session_id, "agent": key.agent_id, "safe_steps": list(run.reported)})
     if row is None:
         raise _StepAside  # not this agent's session: the pipeline's 404
-    session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as), besides = _loaded(row)
+    session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as), extra = _loaded(row)
     if org.config_version != config.version:
         fastpath.OrgConfig.forget(key.org_id, org.config_version)
         raise _ConfigMoved
     if not live or seen or session.state != Session.State.RUNNING or agent.state != Agent.State.ACTIVE:
         raise _StepAside  # a 401, a replay, a 409 or 423
-    if run.reported and besides.pop(0):
+    safe_seen, known = run.besides(extra)
+    if safe_seen:
         raise _StepAside  # a retry reports its SAFE calls again: the pipeline charges each step once
     # The pipeline, step by step (`intercept._pipeline`, `_record_safe_calls`, `_ask`), on the rows just read.
     for reported in run.reported.values():
         guard.charge_safe_call(session, config.tools.get(reported.tool), reported.tool)
     session.step_index = max(session.step_index, call.step_index, *run.reported)
-    prints, taint = _fingerprints(config, session, call, run, _json(besides.pop(0)) if run.prints else None)
+    prints, taint = _fingerprints(config, session, call, run, known)
     session.__dict__["_budget_limits"] = limits  # guard's own cache of the agent's limits
     if guard.exceeds(session, tool, limits) or guard.admit(session, tool, call) is not None:
         raise _StepAside  # a cap in the way: the pipeline records the refusal
     verdict = rules.decide(org, agent, session, tool, call.args, step_index=call.step_index, taint=taint) \
-        if _by_rules(config, tool) else rules.Verdict()
+        if run.by_rules else rules.Verdict()
     if verdict.observed or (verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.DENY):
         raise _StepAside  # observations are events of their own, a denial a refusal row
     compensable = tool.tier == Tier.COMPENSABLE
@@ -390,16 +399,21 @@ def _write_run(db: Any, session: Session, run: _Run, prints: list[outputs.Prints
                request: dict[str, Any] | None) -> None:
     """The one write (`_write`), or `_Raced` when it wrote nothing."""
     sql = _write(safe=bool(run.reported), prints=bool(prints), entry=entry is not None, request=request is not None)
-    written = prepared.row(db, sql, {
+    params = {
         "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
         "tool_counts": fastpath._jsonb(session.tool_counts),
         "violation": None if session.violation is None else fastpath._jsonb(session.violation),
         "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
-        "seen_as": seen_as, "version": config.version, "effect": _row(effect),
-        "entry": _row(entry) if entry is not None else None,
-        "safe": fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
-                                 for c in run.reported.values()]),
-        "prints": fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints]), **(request or {})})
+        "seen_as": seen_as, "version": config.version, "effect": _row(effect), **(request or {})}
+    # Only what the statement's parts read (an irreversible call reporting nothing: none of these).
+    if entry is not None:
+        params["entry"] = _row(entry)
+    if run.reported:
+        params["safe"] = fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
+                                          for c in run.reported.values()])
+    if prints:
+        params["prints"] = fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints])
+    written = prepared.row(db, sql, params)
     if not written or written[0] != 1:
         raise _Raced
 
@@ -414,8 +428,8 @@ def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _R
     _write_run(db, session, run, prints, seen_as, config, now, effect=effect, entry=entry, request=None)
     announce(effect, "effect", None, Effect.State.EXECUTING, name=effect.tool_name, session_id=session.pk,
              org_id=session.org_id, step_index=effect.step_index)
-    response = fastpath._respond(201, {"decision": "execute", "effect": effect.as_dict(),
-                                       "undo_entry": entry.as_dict()})
+    answer = pipeline.executed(effect, entry)
+    response = fastpath._respond(answer.status, answer.body)
     response.undolog_outcome = (tool.tier, "execute")
     return response
 
@@ -425,11 +439,13 @@ def _fingerprints(config: fastpath.OrgConfig, session: Session, call: pipeline.C
     """The reported outputs' fingerprints to write, within the run's bound (`outputs.Bound`, on
     what the read gave: the run's rows, or how many it keeps and whether it is full), and the run's
     taint as `tainted()` reads it before this call's step, these outputs included."""
+    if not run.prints:
+        return [], None  # no output reported, no rule reads the run's taint
     rows = known if run.prints == "rows" else []
     if run.prints == "rows":
         bound = outputs.Bound(sum(r[5] for r in rows), any(r[1] == outputs.FULL for r in rows))
     else:
-        bound = outputs.Bound(*known) if known is not None else outputs.Bound(0, False)
+        bound = outputs.Bound(*known)
     prints: list[outputs.Prints] = []
     for reported in run.reported.values():
         found = reported.prints(config.tools.get(reported.tool), session.inputs)

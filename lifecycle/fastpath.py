@@ -453,8 +453,8 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
         made, pushed_entry = SimpleNamespace(**effect), SimpleNamespace(**entry)
         announce(made, "effect", None, Effect.State.EXECUTING, name=tool.name, session_id=session,
                  org_id=key.org_id, step_index=call.step_index)
-        return _respond(201, {"decision": "execute", "effect": Effect.as_dict(made),
-                              "undo_entry": UndoEntry.as_dict(pushed_entry)})
+        answer = pipeline.executed(made, pushed_entry)
+        return _respond(answer.status, answer.body)
     OrgConfig.forget(key.org_id, version)
     # A replay that reports SAFE calls may charge some: the pipeline does that bookkeeping.
     return None if safe else _replay(existing, call, session)

@@ -222,7 +222,7 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
         if held is not None:
             return _ask(agent, session, tool, call, effect, held)
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
-        return Answer(201, {"decision": "execute", "effect": effect.as_dict(), "undo_entry": entry.as_dict()})
+        return executed(effect, entry)
     return _ask(agent, session, tool, call, effect)
 
 
@@ -372,6 +372,13 @@ def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
     return {"decision": "refused", "kind": "rule", "rule": rule, "message": refusal.message,
             "refusal": str(refusal.id), "effect": {**effect.as_dict(), "decision": "rejected",
                                                    "reason": refusal.reason}}
+
+
+def executed(effect: Any, entry: Any) -> Answer:
+    """The 201 of a compensable call that runs at once, its undo entry pushed (of the model
+    instances, or of what reads like them: the compensable fast path's rows)."""
+    return Answer(201, {"decision": "execute", "effect": Effect.as_dict(effect),
+                        "undo_entry": UndoEntry.as_dict(entry)})
 
 
 def granted(effect: Effect, approval: ApprovalRequest) -> Answer:
