@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check nemesis nemesis-short nemesis-tools
+.PHONY: run worker test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check nemesis nemesis-short nemesis-tools
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py setupdemo
 	PORT=$(PORT) $(PY) -m undolog_site.launcher
+
+# One more Celery worker for a running `make run` (same checkout, same DATABASE_URL): `WORKERS=2
+# make run` starts two at once.
+worker: $(STAMP)
+	$(PY) -m undolog_site.launcher worker
 
 # Debian's Chromium for the browser tests; installed once, only where it is missing.
 browser:

@@ -270,10 +270,17 @@ class Session(models.Model):
     created = models.DateTimeField(default=timezone.now, db_index=True)
     updated = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # The fleet rollback that took the run: its `agent.rolled_back` event's id. Not a foreign key:
+    # retention deletes old events by the thousand, and a key would make each delete visit the runs.
+    rolled_back_in = models.UUIDField(null=True, blank=True, editable=False,
+                                      help_text="The fleet rollback (its agent.rolled_back event) that took this run.")
 
     class Meta:
         indexes = [models.Index(fields=["org", "-created"]), models.Index(fields=["agent", "-created"]),
-                   models.Index(fields=["state"], name="session_state")]
+                   models.Index(fields=["state"], name="session_state"),
+                   # Partial: the runs of a rollback are read by it; the others (nearly all) stay out.
+                   models.Index(fields=["rolled_back_in", "id"], condition=models.Q(rolled_back_in__isnull=False),
+                                name="session_rolled_back_in")]
 
     def __str__(self) -> str:
         return f"session {self.id} of {self.agent_id} ({self.state})"

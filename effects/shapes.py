@@ -249,12 +249,46 @@ class RollbackDict(TypedDict):
     """A fleet rollback: the runs it takes (open and halted ones failed, completed ones undone)
     and the open undo entries on their stacks."""
 
+    id: NotRequired[str]  # a rollback made: its `agent.rolled_back` event's id
     runs: int
     entries: int
     running: int
     ended: int
     since: str
     in_progress: NotRequired[RollbackProgressDict]
+
+
+class RollbackRecordDict(TypedDict):
+    """A fleet rollback made: its `agent.rolled_back` event (id, when, who, why, since when, the
+    counts as it started) and what its runs have left to walk back now."""
+
+    id: str
+    created: str
+    by: str
+    reason: str
+    since: str
+    runs: int
+    entries: int
+    running: int
+    ended: int
+    in_progress: RollbackProgressDict
+
+
+class RollbackListDict(TypedDict):
+    rollbacks: list[RollbackRecordDict]
+
+
+class RollbackRunDict(TypedDict):
+    id: str
+    state: str
+
+
+class RollbackDetailDict(RollbackRecordDict):
+    """One rollback with its runs, a page at a time in id order (`next`: the `after` of the next
+    page, null on the last)."""
+
+    sessions: list[RollbackRunDict]
+    next: str | None
 
 
 class RollbackPreviewDict(TypedDict):

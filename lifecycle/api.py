@@ -314,6 +314,72 @@ class AgentRollbackView(OrgScopedAPIView):
         return Response({**scope.as_dict(), "since": data["since"].isoformat()})
 
 
+class AgentRollbacksView(OrgScopedAPIView):
+    """An agent's fleet rollbacks, newest first, with what each has left (the agent page's list)."""
+
+    queryset = Agent.objects.select_related("org")
+    lookup_field = "name"
+    lookup_is_uuid = False
+    permission_classes = [ReadViewerWriteAdmin]
+    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
+    LISTED = 20
+
+    @extend_schema(summary="The agent's fleet rollbacks (newest 20)", tags=["agents"],
+                   responses={**ok(shapes.RollbackListDict), **errors(404, codes={404: ["agent_not_found"]})})
+    def get(self, request: Request, name: str) -> Response:
+        events = list(rollback.of_agent(self.get_object())[: self.LISTED])
+        left = rollback.left_in([event.pk for event in events])
+        return Response({"rollbacks": [rollback_dict(event, left) for event in events]})
+
+
+class RollbackRunsSerializer(StrictSerializer):
+    after = serializers.UUIDField(required=False, help_text="The `next` of the previous page.")
+
+
+class AgentRollbackDetailView(OrgScopedAPIView):
+    """One fleet rollback and every run it took (the event carries a sample only)."""
+
+    queryset = Agent.objects.select_related("org")
+    lookup_field = "name"
+    lookup_is_uuid = False
+    permission_classes = [ReadViewerWriteAdmin]
+    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
+    PAGE = 1000
+
+    @extend_schema(summary="One fleet rollback with its runs (1,000 a page, by id)", tags=["agents"],
+                   parameters=[OpenApiParameter("after", str, description="The `next` of the previous page")],
+                   responses={**ok(shapes.RollbackDetailDict),
+                              **errors(404, codes={404: ["agent_not_found", "rollback_not_found"]})})
+    def get(self, request: Request, name: str, rollback_id: str) -> Response:
+        agent = self.get_object()
+        event = rollback.of_agent(agent).filter(pk=_uuid_or_none(rollback_id)).first()
+        if event is None:
+            raise NotFound(f"No rollback {rollback_id} of the agent {agent.name}.", code="rollback_not_found")
+        after = validated(RollbackRunsSerializer, request.query_params.dict()).get("after")
+        runs = rollback.runs_of(event.pk)
+        page = list((runs.filter(id__gt=after) if after else runs).values_list("id", "state")[: self.PAGE + 1])
+        more = len(page) > self.PAGE
+        page = page[: self.PAGE]
+        return Response({**rollback_dict(event, rollback.left_in([event.pk])),
+                         "sessions": [{"id": str(pk), "state": state} for pk, state in page],
+                         "next": str(page[-1][0]) if more else None})
+
+
+def _uuid_or_none(raw: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        return None
+
+
+def rollback_dict(event, left: dict) -> dict[str, Any]:
+    data = event.data
+    return {"id": str(event.pk), "created": event.created.isoformat(), "by": data.get("by", ""),
+            "reason": data.get("reason", ""), "since": data.get("since", ""),
+            **{count: data.get(count, 0) for count in ("runs", "entries", "running", "ended")},
+            "in_progress": left.get(event.pk, {"runs": 0, "entries_left": 0})}
+
+
 # ---------------------------------------------------------------- effects
 
 

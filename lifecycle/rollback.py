@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 # Runs per walk task: enough for a round to overlap many receivers' time, few enough that the
 # runs of a large rollback spread over every worker.
 CHUNK = 50
+# Run ids the `agent.rolled_back` event carries: a sample, so the event (sealed into the audit
+# chain, sent to webhooks) stays small however many runs a rollback takes. The full list is the
+# API's (`GET /api/v1/agents/{name}/rollbacks/{id}`), read from the runs themselves.
+SAMPLE = 20
 ENDED = frozenset({Session.State.COMPLETED, Session.State.HALTED})
 
 
@@ -64,9 +68,12 @@ class Scope:
     entries: int
     running: int  # of the runs: open or halted ones, failed by the rollback
     ended: int  # completed ones, undone
+    id: uuid.UUID | None = None  # a rollback made: its `agent.rolled_back` event's id
 
-    def as_dict(self) -> dict[str, int]:
-        return {"runs": self.runs, "entries": self.entries, "running": self.running, "ended": self.ended}
+    def as_dict(self) -> dict[str, Any]:
+        counts: dict[str, Any] = {"runs": self.runs, "entries": self.entries, "running": self.running,
+                                  "ended": self.ended}
+        return counts if self.id is None else {"id": str(self.id), **counts}
 
 
 def candidates(agent: Agent, since: datetime):
@@ -82,6 +89,25 @@ def preview(agent: Agent, since: datetime) -> Scope:
     entries = UndoEntry.objects.filter(session__in=candidates(agent, since)).open().count()
     ended = sum(state == Session.State.COMPLETED for state in runs)
     return Scope(runs=len(runs), entries=entries, running=len(runs) - ended, ended=ended)
+
+
+def of_agent(agent: Agent):
+    """The agent's rollbacks (their `agent.rolled_back` events), newest first."""
+    return Event.objects.filter(org_id=agent.org_id, agent=agent, kind="agent.rolled_back").order_by("-created", "-id")
+
+
+def runs_of(rollback_id: uuid.UUID):
+    """The runs one rollback took, in a stable order (for paging by id)."""
+    return Session.objects.filter(rolled_back_in=rollback_id).order_by("id")
+
+
+def left_in(rollback_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, int]]:
+    """Per rollback: its runs still being walked back and the undo entries they have left, in one
+    query (rollbacks with nothing left are absent)."""
+    rows = (UndoEntry.objects.filter(session__rolled_back_in__in=rollback_ids,
+                                     session__state=Session.State.COMPENSATING).open()
+            .values("session__rolled_back_in").annotate(runs=Count("session_id", distinct=True), entries=Count("id")))
+    return {row["session__rolled_back_in"]: {"runs": row["runs"], "entries_left": row["entries"]} for row in rows}
 
 
 def progress(agent: Agent) -> dict[str, int]:
@@ -101,7 +127,8 @@ def rollback(agent: Agent, since: datetime, reason: str, actor: str) -> Scope:
     3. Every one becomes `compensating` (failed runs: rolling back; completed ones: undone, as
        `Session.undo` does), one guarded UPDATE per from-state, each with its history row.
     4. Runs with nothing on their stacks are `compensated` at once.
-    5. One `agent.rolled_back` event: who, why, since when, the counts and the runs.
+    5. One `agent.rolled_back` event: who, why, since when, the counts and a sample of the runs
+       (`SAMPLE`); each run keeps the event's id (`rolled_back_in`), which lists them all.
     6. After commit, the walks, in chunks of `CHUNK` runs spread over the workers.
     """
     now = timezone.now()
@@ -122,11 +149,13 @@ def rollback(agent: Agent, since: datetime, reason: str, actor: str) -> Scope:
               now, history, ended_at=now)
         SessionTransition.objects.bulk_create(history)
         scope = Scope(runs=len(runs), entries=sum(counts.values()), running=len(running), ended=len(ended))
-        Event.record(agent.org, "agent.rolled_back", agent=agent, by=actor, reason=reason, since=since.isoformat(),
-                     **scope.as_dict(), sessions=[str(run.pk) for run in runs])
+        event = Event.record(agent.org, "agent.rolled_back", agent=agent, by=actor, reason=reason,
+                             since=since.isoformat(), **scope.as_dict(),
+                             sample=[str(run.pk) for run in runs[:SAMPLE]])
+        Session.objects.filter(pk__in=[run.pk for run in runs]).update(rolled_back_in=event.pk)
         walks = [run.pk for run in runs if run.pk in counts]
         transaction.on_commit(lambda: enqueue_walks(walks))
-    return scope
+    return replace(scope, id=event.pk)
 
 
 def _fail(runs: list[Session], error: str, actor: str, now: datetime, history: list[SessionTransition]) -> None:

@@ -10,5 +10,8 @@ router.register("undo-entries", api.UndoEntryViewSet, basename="undo-entry")
 
 urlpatterns = [
     path("agents/<slug:name>/rollback", api.AgentRollbackView.as_view(), name="agent-rollback"),
+    path("agents/<slug:name>/rollbacks", api.AgentRollbacksView.as_view(), name="agent-rollbacks"),
+    path("agents/<slug:name>/rollbacks/<str:rollback_id>", api.AgentRollbackDetailView.as_view(),
+         name="agent-rollback-detail"),
     *router.urls,
 ]

@@ -108,3 +108,51 @@ def test_a_second_launcher_for_the_same_database_refuses_and_one_for_another_dat
                 assert own != var / "redis.sock" and embedded_redis.answers(own)
                 assert embedded_redis.answers(var / "redis.sock")
         until(lambda: not workers_of(var), 60, "a launcher's worker outlived it")  # warm shutdowns, on a loaded machine
+
+
+def nodes_on(redis_url: str) -> set[str]:
+    """The Celery workers answering a ping on this broker (node names without the host)."""
+    from celery import Celery
+
+    app = Celery(broker=redis_url)
+    try:
+        return {name.split("@")[0] for answer in app.control.ping(timeout=2) or [] for name in answer}
+    finally:
+        app.close()
+
+
+def test_workers_n_starts_n_workers_the_summary_names_their_redis_and_make_worker_attaches_one_more():
+    with tempfile.TemporaryDirectory(prefix="undolog-launch-", dir="/tmp") as tmp:
+        var = Path(tmp)
+        database = f"sqlite:///{var / 'own.sqlite3'}"
+        socket = embedded_redis.socket_for(var, database)
+        assert socket.name.startswith("redis-") and socket.name != "redis.sock"  # a DATABASE_URL's own Redis
+        with launcher(var, DATABASE_URL=database, WORKERS="2") as (process, base):
+            until(lambda: "Redis" in (var / f"launcher-{base.rsplit(':', 1)[1]}.log").read_text(), 120,
+                  "the launcher printed no summary")
+            box = (var / f"launcher-{base.rsplit(':', 1)[1]}.log").read_text()
+            assert f"unix://{socket}" in box and "Workers     2" in box, box[-2000:]
+            until(lambda: nodes_on(f"redis+socket://{socket}") == {"worker1", "worker2"}, 60,
+                  "the two workers did not answer")
+
+            extra = subprocess.Popen([sys.executable, "-m", "undolog_site.launcher", "worker"], cwd=BASE_DIR,
+                                     env=launcher_env(var, 0, DATABASE_URL=database, WORKER_CONCURRENCY="1"),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                until(lambda: len(nodes_on(f"redis+socket://{socket}")) == 3, 60, "the attached worker did not answer")
+            finally:
+                os.killpg(extra.pid, signal.SIGTERM)
+                extra.wait(timeout=60)
+        until(lambda: not workers_of(var), 60, "a launcher's worker outlived it")
+
+
+def test_a_worker_with_no_make_run_to_attach_to_says_so_and_a_bad_worker_count_is_refused():
+    with tempfile.TemporaryDirectory(prefix="undolog-launch-", dir="/tmp") as tmp:
+        var = Path(tmp)
+        alone = subprocess.run([sys.executable, "-m", "undolog_site.launcher", "worker"], cwd=BASE_DIR,
+                               env=launcher_env(var, 0), capture_output=True, text=True, timeout=60)
+        assert alone.returncode == 2 and "start `make run` first" in alone.stderr, alone.stderr
+        bad = subprocess.run([sys.executable, "-m", "undolog_site.launcher"], cwd=BASE_DIR,
+                             env=launcher_env(var, 0, WORKERS="two"), capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and "WORKERS must be a whole number" in bad.stderr, bad.stderr
+        assert not list(var.glob("*.sock"))  # refused before anything started

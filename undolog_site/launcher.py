@@ -1,5 +1,9 @@
-"""`make run`: the embedded Redis (unless REDIS_URL is set), the ASGI server, a Celery worker and
-Celery beat, as one foreground command. Ctrl-C stops them all."""
+"""`make run`: the embedded Redis (unless REDIS_URL is set), the ASGI server, `WORKERS` Celery
+workers (1 by default) and Celery beat, as one foreground command. Ctrl-C stops them all.
+
+`make worker` (`python -m undolog_site.launcher worker`) attaches one more worker to a running
+`make run` of the same checkout and database: it finds the embedded Redis's socket as the launcher
+named it (`embedded_redis.socket_for`)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
+    workers = _worker_count()
     var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
     database_url = os.environ.get("DATABASE_URL", "")
     # One launcher per var dir and database: a second would share its Redis and its beat.
@@ -44,11 +49,7 @@ def main() -> int:
         subprocess.Popen([sys.executable, "-m", "uvicorn", "undolog_site.asgi:application",
                           "--host", host, "--port", port, "--no-access-log", "--log-level", "warning"], cwd=BASE_DIR,
                          **_OWN_GROUP),
-        # -q: no banner. Its periodic tasks log at DEBUG (settings.LOGGING), so warnings stand out.
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker",
-                          "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
-                          "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4")], cwd=BASE_DIR,
-                         **_OWN_GROUP),
+        *(subprocess.Popen(worker_command(f"worker{n}"), cwd=BASE_DIR, **_OWN_GROUP) for n in range(1, workers + 1)),
         # Beat in a process of its own, not embedded in the worker (-B): an embedded beat outlived a
         # SIGKILLed launcher, retrying the gone Redis for minutes after its worker had exited.
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "beat",
@@ -58,7 +59,7 @@ def main() -> int:
     ]
     _wait_until_up(host, port, children[0])
     _wait_for_worker(children[1])
-    print(summary(host, port, var), flush=True)
+    print(summary(host, port, var, workers=workers, redis_url=os.environ["REDIS_URL"]), flush=True)
     stopping = False
 
     def stop(signum, frame) -> None:
@@ -82,6 +83,43 @@ def main() -> int:
         embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
     return 1 if failed and not stopping else 0
+
+
+def worker_command(name: str) -> list[str]:
+    """A Celery worker named `name@<host>` (two workers of one name on a host would be one node to
+    Celery's control commands). -q: no banner; its periodic tasks log at DEBUG (settings.LOGGING),
+    so warnings stand out."""
+    return [sys.executable, "-m", "celery", "-A", "undolog_site", "-q", "worker", "-n", f"{name}@%h",
+            "--loglevel", os.environ.get("LOG_LEVEL", "INFO"),
+            "--concurrency", os.environ.get("WORKER_CONCURRENCY", "4")]
+
+
+def _worker_count() -> int:
+    raw = os.environ.get("WORKERS", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= 32:
+        raise SystemExit(f"undolog: WORKERS must be a whole number from 1 to 32, not {raw!r}")
+    return int(raw)
+
+
+def attach_worker() -> int:
+    """`make worker`: one more worker for the `make run` of this var dir and database, on its
+    embedded Redis (or on REDIS_URL when set, as for the launcher)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
+    var = Path(os.environ.get("UNDOLOG_VAR_DIR", BASE_DIR / "var"))
+    if "REDIS_URL" not in os.environ:
+        socket_path = embedded_redis.socket_for(var, os.environ.get("DATABASE_URL", ""))
+        if not embedded_redis.answers(socket_path):
+            print(f"undolog: no Redis answers on {socket_path}: start `make run` first (with the same "
+                  "DATABASE_URL and UNDOLOG_VAR_DIR), or set REDIS_URL", file=sys.stderr, flush=True)
+            return 2
+        os.environ["REDIS_URL"] = f"unix://{socket_path}"
+    instance = embedded_redis.instance_suffix(os.environ.get("DATABASE_URL", ""))
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / f"metrics{instance}"))
+    name = f"worker-{os.getpid()}"
+    print(f"undolog: worker {name} on {os.environ['REDIS_URL']} (Ctrl-C stops it)", flush=True)
+    os.chdir(BASE_DIR)
+    command = worker_command(name)
+    os.execv(command[0], command)  # the worker takes this process's place: Ctrl-C reaches it alone
 
 
 # Each child leads a process group of its own, stopped as a whole (a celery worker's pool with it),
@@ -121,13 +159,14 @@ def _wait_for_worker(worker: subprocess.Popen, timeout: float = 60) -> None:
             time.sleep(0.5)
 
 
-def summary(host: str, port: str, var: Path) -> str:
-    """One box: where to go, how to log in, the demo key and where it is kept."""
+def summary(host: str, port: str, var: Path, *, workers: int = 1, redis_url: str = "") -> str:
+    """One box: where to go, how to log in, the demo key and where it is kept, the workers and the
+    Redis they share (what an extra worker needs)."""
     base = f"http://{host}:{port}"
     key_file = Path(os.environ.get("UNDOLOG_DEMO_KEY_FILE", var / "demo-agent.key"))
     key = key_file.read_text().strip() if key_file.exists() else ""
     lines = [
-        "undolog is running (Ctrl-C stops the server, the worker and Redis)",
+        "undolog is running (Ctrl-C stops the server, the workers and Redis)",
         "",
         f"Dashboard   {base}/            log in as admin / admin",
         f"API docs    {base}/api/docs/",
@@ -139,6 +178,8 @@ def summary(host: str, port: str, var: Path) -> str:
         lines += ["", f"Demo agent key  {key}", f"                saved in {key_file}"]
     else:
         lines += ["", "Demo agent key  issue one on the dashboard's Agents page (as admin)"]
+    lines += ["", f"Workers     {workers} (WORKERS=n make run starts n; `make worker` in another terminal adds one)",
+              f"Redis       {redis_url}"]
     lines += ["", f"Try it:  PORT={port} make demo"]
     width = max(len(line) for line in lines) + 2
     body = [f"│ {line.ljust(width - 1)}│" for line in lines]
@@ -146,4 +187,4 @@ def summary(host: str, port: str, var: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(attach_worker() if sys.argv[1:] == ["worker"] else main())

@@ -51,7 +51,9 @@ def test_it_fails_open_runs_and_undoes_ended_ones_each_newest_first_each_once(ac
     response = acme.admin.post(path(), {"since": since(60), "reason": "prompt injection"}, format="json")
 
     assert response.status_code == 200, response.content
-    assert response.json() | {"since": None} == {"runs": 2, "entries": 5, "running": 1, "ended": 1, "since": None}
+    assert response.json() | {"since": None, "id": None} == {
+        "id": None, "runs": 2, "entries": 5, "running": 1, "ended": 1, "since": None}
+    assert response.json()["id"] == str(Event.objects.get(kind="agent.rolled_back").pk)
     assert by_run(receiver) == {running.session_id: list(reversed(running.entries)),
                                 done.session_id: list(reversed(done.entries))}
     assert not receiver.duplicates
@@ -76,7 +78,7 @@ def test_it_records_one_audited_event_with_who_why_and_the_counts(acme, receiver
     assert event.agent == acme.agent
     assert event.data | {"since": None} == {
         "by": acme.admin.user.username, "reason": "bad prompt shipped", "since": None, "runs": 1, "entries": 2,
-        "running": 1, "ended": 0, "sessions": [stack.session_id]}
+        "running": 1, "ended": 0, "sample": [stack.session_id]}
     compensated = Event.objects.get(org=acme.org, kind="session.compensated", session_id=stack.session_id)
     assert compensated.fanned_out_at is not None  # fanned out with its batch, not left to the sweep
 
@@ -121,7 +123,8 @@ def test_a_run_with_nothing_to_undo_is_compensated_at_once(acme, receiver):
 
     response = acme.admin.post(path(), {"since": since(), "reason": "incident"}, format="json")
 
-    assert response.json() | {"since": None} == {"runs": 1, "entries": 0, "running": 1, "ended": 0, "since": None}
+    assert response.json() | {"since": None, "id": None} == {
+        "id": None, "runs": 1, "entries": 0, "running": 1, "ended": 0, "since": None}
     assert Session.objects.get(pk=session_id).state == "compensated"
 
 
@@ -174,10 +177,10 @@ def test_the_rollback_statements_do_not_grow_with_the_number_of_runs(acme, recei
                     if not q["sql"].startswith(("SAVEPOINT", "RELEASE", "BEGIN", "COMMIT"))])
 
     # Lock the runs, fail the running ones, read their waiting approvals, move the failed and the
-    # completed ones to compensating, count their entries, their history rows, the event; then
-    # the event's fan-out (its claim, the org's webhooks). A running run's budget verdict costs
-    # no statement without a violation.
-    assert statements(2) == statements(6) == 10
+    # completed ones to compensating, count their entries, their history rows, the event, the
+    # runs marked with its id; then the event's fan-out (its claim, the org's webhooks). A running
+    # run's budget verdict costs no statement without a violation.
+    assert statements(2) == statements(6) == 11
 
 
 # ---------------------------------------------------------------- bad input, permissions, tenancy
