@@ -43,7 +43,7 @@ from effects.models import (
     UndoAttempt,
     UndoEntry,
 )
-from orgs.models import Agent, AgentKey, Membership, Organization
+from orgs.models import Agent, AgentKey, Event, Membership, Organization
 
 QUEUE_LIMIT = 200  # pending requests a page
 DECIDED_PAGE = 50
@@ -610,7 +610,8 @@ DAY_COUNTERS = (("tool calls", "tool_calls", "max_tool_calls_per_day"),
                 ("cost", "cost", "max_cost_per_day"))
 
 
-def agents_context(org: Organization, now: dt.datetime | None = None, *, with_keys: bool = False) -> dict[str, Any]:
+def agents_context(org: Organization, now: dt.datetime | None = None, *, with_keys: bool = False,
+                   only: str | None = None) -> dict[str, Any]:
     """Every agent with its state, today's counters, its limits and 7 days of runs against the cap.
 
     A fixed number of queries whatever the number of agents: the agents, the runs per day
@@ -618,10 +619,11 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
     policies, today's counters and the ended runs the suggestion sizes from, the runs being
     walked back (a fleet rollback's progress); one more while an agent's own switch is on (the
     cap it had before, which turning the switch off restores), and one more for admins
-    (`with_keys`: every agent's keys, which only admins manage).
+    (`with_keys`: every agent's keys, which only admins manage). `only`: that agent alone (its page).
     """
     now = now or timezone.now()
-    agents = list(Agent.objects.for_org(org).order_by("name"))
+    agents = Agent.objects.for_org(org).order_by("name")
+    agents = list(agents.filter(name=only) if only is not None else agents)
     tz = org.tz
     days = [(now - timedelta(days=n)).astimezone(tz).date() for n in range(CHART_DAYS - 1, -1, -1)]
     per_day = _runs_per_day(org, now - timedelta(days=CHART_DAYS))
@@ -643,6 +645,43 @@ def agents_context(org: Organization, now: dt.datetime | None = None, *, with_ke
         row["rollback"] = walking.get(agent.pk, {"runs": 0, "entries_left": 0})
         rows.append(row)
     return {"agents": rows, "incident_on": incident_on}
+
+
+ROLLBACKS_SHOWN = 10
+
+
+def agent_page(org: Organization, name: str, now: dt.datetime | None = None) -> dict[str, Any] | None:
+    """One agent's page (`/agents/<name>/`): its row as on the agents page, the fleet rollback
+    control's defaults in the org's zone, and its last rollbacks with what each has left. None: no
+    such agent in the org. The agents page's queries, plus two: the rollbacks, their progress."""
+    now = now or timezone.now()
+    context = agents_context(org, now, only=name)
+    if not context["agents"]:
+        return None
+    row = context["agents"][0]
+    local = now.astimezone(org.tz)
+    events = list(Event.objects.filter(org=org, agent=row["agent"], kind="agent.rolled_back")
+                  .order_by("-created", "-id")[:ROLLBACKS_SHOWN])
+    left = _left_in([event.pk for event in events])
+    rollbacks = [{"id": event.pk, "created": event.created, "since": parse_datetime(event.data.get("since", "")),
+                  "by": event.data.get("by", ""), "reason": event.data.get("reason", ""),
+                  "runs": event.data.get("runs", 0), "entries": event.data.get("entries", 0),
+                  "left": left.get(event.pk, {"runs": 0, "entries_left": 0})} for event in events]
+    return {**context, "row": row, "rollbacks": rollbacks, "zone": org.time_zone,
+            "zone_offset": local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:],
+            "since_default": (local - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+            "since_max": local.strftime("%Y-%m-%dT%H:%M")}
+
+
+def _left_in(rollback_ids: list[Any]) -> dict[Any, dict[str, int]]:
+    """Per rollback: its runs still walking back and their open undo entries, in one query (the
+    same numbers as `GET /api/v1/agents/{name}/rollbacks`' `in_progress`)."""
+    if not rollback_ids:
+        return {}
+    rows = (UndoEntry.objects.filter(session__rolled_back_in__in=rollback_ids,
+                                     session__state=Session.State.COMPENSATING).open()
+            .values("session__rolled_back_in").annotate(runs=Count("session_id", distinct=True), entries=Count("id")))
+    return {row["session__rolled_back_in"]: {"runs": row["runs"], "entries_left": row["entries"]} for row in rows}
 
 
 def _walking_back(org: Organization) -> dict[Any, dict[str, int]]:

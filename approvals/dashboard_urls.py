@@ -11,6 +11,7 @@ urlpatterns = [
     path("sessions/", views.sessions, name="sessions"),
     path("sessions/<uuid:pk>/", views.session_detail, name="session"),
     path("agents/", views.agents, name="agents"),
+    path("agents/<slug:name>/", views.agent_detail, name="agent"),
     path("compensation-failures/", views.compensation_failures, name="compensation-failures"),
     path("rules/", views.rules, name="rules"),
     path("settings/", views.org_settings, name="org-settings-page"),

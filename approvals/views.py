@@ -12,7 +12,7 @@ from functools import wraps
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -137,6 +137,15 @@ def agents(request: HttpRequest, membership: Membership) -> HttpResponse:
     for row in context["agents"]:
         row["charts"] = charts.runs_against_cap(row["runs_per_day"], row["caps"])
     return page(request, membership, "approvals/agents.html", context, partial="approvals/_agents_live.html")
+
+
+@require_GET
+@member_page
+def agent_detail(request: HttpRequest, membership: Membership, name: str) -> HttpResponse:
+    context = dashboard.agent_page(membership.org, name)
+    if context is None:
+        raise Http404(f"No agent named {name!r} in this organization.")
+    return page(request, membership, "approvals/agent.html", context, partial="approvals/_agent_live.html")
 
 
 @require_GET
