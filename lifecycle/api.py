@@ -324,7 +324,8 @@ class AgentRollbacksView(OrgScopedAPIView):
     not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
     LISTED = 20
 
-    @extend_schema(summary="The agent's fleet rollbacks (newest 20)", tags=["agents"],
+    @extend_schema(operation_id="v1_agents_rollbacks_list", summary="The agent's fleet rollbacks (newest 20)",
+                   tags=["agents"],
                    responses={**ok(shapes.RollbackListDict), **errors(404, codes={404: ["agent_not_found"]})})
     def get(self, request: Request, name: str) -> Response:
         events = list(rollback.of_agent(self.get_object())[: self.LISTED])
