@@ -408,8 +408,9 @@ EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 if not DEBUG:
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "1")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
+    # Browsers send Secure cookies back over plain HTTP to 127.0.0.1 and localhost only: a plain-HTTP
+    # trial reached at any other address (a LAN IP) signs no one in until this is 0 (README).
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("UNDOLOG_SECURE_COOKIES", "1")
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "31536000")
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
