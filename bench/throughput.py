@@ -1,14 +1,19 @@
-"""The hot path's throughput and latency as deployed: gunicorn (sync workers, production
-settings) on PostgreSQL, driven by wrk (a C load generator, so the client does not take the
-server's CPU), each kind beside a bare Django view doing one INSERT, in the same run.
+"""The hot path's throughput and latency as deployed: gunicorn (production settings) on
+PostgreSQL, driven by wrk (a C load generator, so the client does not take the server's CPU), each
+kind beside a bare Django view doing one INSERT, in the same round.
 
 Kinds: the baseline INSERT; a compensable intercept (a new call each time, over 16 sessions);
 the same with one SAFE call reported; a replay; a commit; an irreversible intercept (a fresh
-session each, since it holds its session for a reviewer). Then one client alone, for p50/p99,
-against the sync workers and against gthread with keep-alive; last, the compensable intercept
-under uvicorn (ASGI) with the same workers, beside its own baseline.
+session each, since it holds its session for a reviewer). Each kind under both of gunicorn's
+worker classes: sync workers (`--connections`, 8 by default) and `gthread` as the README deploys
+it (`--threads` 8 a worker, with workers x threads connections, so that every thread has one to
+serve). Every round is printed (its rate, the baseline's and their ratio), then the median and the
+spread (lowest-highest) of the ratios. Then one client alone, for p50/p99, against the sync workers
+and against gthread with keep-alive; last, the compensable intercept under uvicorn (ASGI) with the
+same workers, beside its own baseline.
 
-    python -m bench.throughput [--seconds 5] [--workers 4] [--connections 8]
+    python -m bench.throughput [--seconds 5] [--workers 4] [--connections 8] [--rounds 5]
+                               [--servers sync,gthread]
 """
 
 from __future__ import annotations
@@ -168,48 +173,98 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--servers", default="sync,gthread", help="gunicorn worker classes, in turn")
     args = parser.parse_args(argv)
+    servers = [name.strip() for name in args.servers.split(",") if name.strip()]
+    if not servers or set(servers) - set(CLASSES):
+        parser.error(f"--servers takes {', '.join(CLASSES)}")
     ensure_wrk()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     setup_django()
-    data = prepare(commits=int(3000 * args.seconds * args.rounds),
-                   irreversible=int(1200 * args.seconds * (args.rounds + 1)),
+    # Each (server, round) takes a slice of the commit and irreversible items of its own, and one
+    # more slice of the irreversible ones is kept for one client alone.
+    slices = args.rounds * len(servers)
+    data = prepare(commits=int(3000 * args.seconds * slices),
+                   irreversible=int(1200 * args.seconds * (slices + 1)),
                    alone=int(500 * args.seconds * ALONE_RUNS))
     # The replay's call, committed once before the clock starts.
     import httpx
 
-    server = Server("gunicorn (sync)", args.workers)
-    headers = {"Authorization": f"Bearer {data['key']}"}
     replayed = data["running"][0]
-    httpx.post(f"{server.base}/api/v1/sessions/{replayed}/intercept", headers=headers, json={
-        "tool": "send_email", "step_index": 1, "args": {"to": "replayed@x.io", "subject": "hi"}}).raise_for_status()
     plan = [("compensable intercept", "intercept", data["running"]),
             ("intercept + 1 SAFE", "intercept+safe", data["running"]), ("replay", "replay", [replayed]),
             ("commit", "commit", data["effects"]), ("irreversible intercept", "irreversible", data["fresh"]),
             ("irreversible by rule", "rule", data["rule"]), ("irreversible by grant", "grant", data["grant"])]
-    results = {}
+    results: dict = {}
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (a shared machine: compare ratios)")
-    print(f"gunicorn {args.workers} sync workers · wrk {args.connections} connections · {args.rounds} rounds of "
-          f"{args.seconds:g} s each, every round beside its own baseline · PostgreSQL · production settings")
+    for index, worker_class in enumerate(servers):
+        kind_of, connections = CLASSES[worker_class](args)
+        server = Server(kind_of, args.workers)
+        try:
+            if index == 0:  # the replay's call, committed once before the clock starts
+                httpx.post(f"{server.base}/api/v1/sessions/{replayed}/intercept",
+                           headers={"Authorization": f"Bearer {data['key']}"},
+                           json={"tool": "send_email", "step_index": 1,
+                                 "args": {"to": "replayed@x.io", "subject": "hi"}}).raise_for_status()
+            print(f"gunicorn {args.workers} {worker_class} workers{THREADS[worker_class]} · wrk {connections} "
+                  f"connections · {args.rounds} rounds of {args.seconds:g} s each, every round beside its own "
+                  "baseline · PostgreSQL · production settings")
+            measured = rounds_of(server, data, plan, args, connections, first_slice=index * args.rounds,
+                                 slices=slices)
+        finally:
+            server.stop()
+        results.update(measured if index == 0 else {f"{name} ({worker_class})": r for name, r in measured.items()})
+    results.update(one_client(data, args))
+    results.update(asgi_beside(data, args, results["compensable intercept"]["rate"]))
+    return results
+
+
+# gunicorn's worker classes: the server, and the connections that keep every worker (or thread) busy.
+CLASSES = {"sync": lambda args: ("gunicorn (sync)", args.connections),
+           "gthread": lambda args: ("gunicorn (WSGI)", args.workers * GTHREADS)}
+THREADS = {"sync": "", "gthread": f" x {GTHREADS} threads"}
+
+
+def rounds_of(server: Server, data: dict, plan: list, args: argparse.Namespace, connections: int, *,
+              first_slice: int, slices: int) -> dict:
+    """Every kind, `args.rounds` rounds each, each round the baseline then the kind; every round
+    printed, then the median ratio and the spread."""
+    wrk(server.base, "baseline", data["running"], data["key"], seconds=1, connections=connections)  # warm
+    wrk(server.base, "intercept", data["running"], data["key"], seconds=1, connections=connections)
+    results = {}
+    for name, kind, items in plan:
+        # Rounds alternate baseline and kind, and the ratio is taken per round: this machine's
+        # load drifts, and a drift between two long runs would read as a ratio.
+        rounds = []
+        for n in range(args.rounds):
+            base = wrk(server.base, "baseline", data["running"], data["key"], seconds=args.seconds,
+                       connections=connections)
+            # Irreversible kinds: one more slice is kept for one client alone.
+            r = wrk(server.base, kind, items, data["key"], seconds=args.seconds, connections=connections,
+                    offset=first_slice + n, slices=slices + (kind != "commit"))
+            rounds.append((r["rate"] / base["rate"], r, base))
+            print(f"    {name:24} round {n + 1}: {r['rate']:8.1f} req/s, baseline {base['rate']:8.1f} req/s, "
+                  f"x{r['rate'] / base['rate']:4.2f}  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+                  f"non-2xx {r['errors']}", flush=True)
+        ratios = sorted(x[0] for x in rounds)
+        ratio, r, base = sorted(rounds, key=lambda x: x[0])[len(rounds) // 2]
+        results[name] = {**r, "ratio": ratio, "baseline": base["rate"], "ratios": ratios,
+                         "rates": [x[1]["rate"] for x in rounds]}
+        print(f"  {name:24} {r['rate']:8.1f} req/s  x{ratio:4.2f} of the baseline (median of {args.rounds}; "
+              f"spread x{ratios[0]:4.2f}-x{ratios[-1]:4.2f}; rates {min(results[name]['rates']):.0f}-"
+              f"{max(results[name]['rates']):.0f} req/s)  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms", flush=True)
+    return results
+
+
+def one_client(data: dict, args: argparse.Namespace) -> dict:
+    """One client alone, for p50/p99: against the sync workers (a connection per call), then
+    against gthread with keep-alive, back-to-back and paced as an agent calls."""
+    results = {}
+    server = Server("gunicorn (sync)", args.workers)
     try:
-        wrk(server.base, "baseline", data["running"], data["key"], seconds=1, connections=args.connections)  # warm
-        wrk(server.base, "intercept", data["running"], data["key"], seconds=1, connections=args.connections)
-        for name, kind, items in plan:
-            # Rounds alternate baseline and kind, and the ratio is taken per round: this machine's
-            # load drifts, and a drift between two long runs would read as a ratio.
-            rounds = []
-            for n in range(args.rounds):
-                base = wrk(server.base, "baseline", data["running"], data["key"], seconds=args.seconds,
-                           connections=args.connections)
-                r = wrk(server.base, kind, items, data["key"], seconds=args.seconds, connections=args.connections,
-                        offset=n, slices=args.rounds + (kind != "commit"))  # irreversible: a slice kept for one client
-                rounds.append((r["rate"] / base["rate"], r, base))
-            ratio, r, base = sorted(rounds, key=lambda x: x[0])[len(rounds) // 2]
-            results[name] = {**r, "ratio": ratio, "baseline": base["rate"]}
-            print(f"  {name:24} {r['rate']:8.1f} req/s  x{ratio:4.2f} of the baseline ({base['rate']:.0f} req/s "
-                  f"that round; median of {args.rounds})  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
-                  f"non-2xx {r['errors']}")
+        for kind in ("baseline", "intercept"):  # a fresh server: every worker's first calls warm it
+            wrk(server.base, kind, data["running"], data["key"], seconds=1, connections=args.connections)
         alone = wrk(server.base, "intercept", data["running"], data["key"], seconds=args.seconds, connections=1,
                     threads=1)
         results["one client"] = alone
@@ -251,7 +306,6 @@ def main(argv: list[str] | None = None) -> dict:
                       f"p99 {alone['p99']:.2f} ms ({alone['rate']:.0f} req/s)  load {os.getloadavg()[0]:.2f}")
     finally:
         kept.stop()
-    results.update(asgi_beside(data, args, results["compensable intercept"]["rate"]))
     return results
 
 
