@@ -156,3 +156,13 @@ def test_a_worker_with_no_make_run_to_attach_to_says_so_and_a_bad_worker_count_i
                              env=launcher_env(var, 0, WORKERS="two"), capture_output=True, text=True, timeout=60)
         assert bad.returncode == 1 and "WORKERS must be a whole number" in bad.stderr, bad.stderr
         assert not list(var.glob("*.sock"))  # refused before anything started
+
+
+def test_the_summary_names_the_redis_without_its_password():
+    from undolog_site import launcher
+
+    box = launcher.summary("127.0.0.1", "8000", Path("/nonexistent"), workers=3,
+                           redis_url=launcher.shown_url("redis://worker:s3cret@redis.internal:6379/2"))
+
+    assert "s3cret" not in box and "redis://worker:***@redis.internal:6379/2" in box and "Workers     3" in box
+    assert launcher.shown_url("unix:///srv/var/redis-0a1b2c3d.sock") == "unix:///srv/var/redis-0a1b2c3d.sock"

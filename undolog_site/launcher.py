@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def main() -> int:
     ]
     _wait_until_up(host, port, children[0])
     _wait_for_worker(children[1])
-    print(summary(host, port, var, workers=workers, redis_url=os.environ["REDIS_URL"]), flush=True)
+    print(summary(host, port, var, workers=workers, redis_url=shown_url(os.environ["REDIS_URL"])), flush=True)
     stopping = False
 
     def stop(signum, frame) -> None:
@@ -116,10 +117,19 @@ def attach_worker() -> int:
     instance = embedded_redis.instance_suffix(os.environ.get("DATABASE_URL", ""))
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / f"metrics{instance}"))
     name = f"worker-{os.getpid()}"
-    print(f"undolog: worker {name} on {os.environ['REDIS_URL']} (Ctrl-C stops it)", flush=True)
+    print(f"undolog: worker {name} on {shown_url(os.environ['REDIS_URL'])} (Ctrl-C stops it)", flush=True)
     os.chdir(BASE_DIR)
     command = worker_command(name)
     os.execv(command[0], command)  # the worker takes this process's place: Ctrl-C reaches it alone
+
+
+def shown_url(url: str) -> str:
+    """A broker URL fit for the screen: a REDIS_URL of your own may carry a password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 # Each child leads a process group of its own, stopped as a whole (a celery worker's pool with it),
