@@ -109,6 +109,11 @@ class Caller:
 STDIO = Caller("stdio", "stdio")
 
 
+class UpstreamConflict(ValueError):
+    """undolog refused this gateway's registration: another gateway of the org gives one of these
+    names to another upstream (the message says which, and how to tell them apart)."""
+
+
 class Unattributed(Exception):
     """The call names no run this client may use; the message says what to do (nothing ran)."""
 Progress = Callable[[float, float | None, str], Awaitable[None]]
@@ -306,19 +311,37 @@ class Gateway:
         await self._resume()
 
     async def _register_compensations(self) -> None:
+        """Register each upstream-tool undo as an agent function scoped to the upstream that runs
+        it: only a gateway serving that upstream claims its entries. Another gateway of the org
+        that gave another upstream the same name is refused here (409), and this one with it."""
         for server in self.config.servers:
             for comp in _compensations(server):
                 if comp.tool:
-                    await self.http.asend(
-                        _compensation_call(
-                            comp.function_name(server.name),
-                            comp.fn_version,
-                            "agent",
-                            "",
-                            5000,
-                            comp.claim_timeout_s,
+                    name = comp.function_name(server.name)
+                    try:
+                        await self.http.asend(
+                            _compensation_call(
+                                name,
+                                comp.fn_version,
+                                "agent",
+                                "",
+                                5000,
+                                comp.claim_timeout_s,
+                                self._scope_of(comp.server or server.name),
+                            )
                         )
-                    )
+                    except UndoLogError as exc:
+                        if exc.code not in ("compensation_scope_conflict", "tool_scope_conflict"):
+                            raise
+                        raise UpstreamConflict(f"[servers.{server.name}]: {exc}") from exc
+
+    def _scope_of(self, server: str) -> str:
+        return next(s.scope for s in self.config.servers if s.name == server)
+
+    def scopes(self) -> list[str]:
+        """The upstreams whose undos this gateway runs (what its claims name)."""
+        return sorted({self._scope_of(server) for server, _ in self.compensators.values()
+                       if server in self.upstreams})
 
     async def _rebuild(self) -> None:
         """Route every listed tool (prefixed by its server where two servers clash) and register
@@ -345,13 +368,18 @@ class Gateway:
                     why,
                 )
         if routes:
-            await self.http.asend(
-                Call(
-                    "POST",
-                    "/api/v1/tools",
-                    {"tools": [r.declared.spec.to_dict() for r in routes.values()]},
+            try:
+                await self.http.asend(
+                    Call(
+                        "POST",
+                        "/api/v1/tools",
+                        {"tools": [r.declared.spec.to_dict() for r in routes.values()]},
+                    )
                 )
-            )
+            except UndoLogError as exc:
+                if exc.code != "tool_scope_conflict":
+                    raise
+                raise UpstreamConflict(str(exc)) from exc
         self.routes = routes
 
     async def _tools_changed(self, server: str) -> None:
@@ -697,11 +725,15 @@ class Gateway:
     # -- compensations that run here -----------------------------------------------------
 
     async def serve_compensations(self) -> None:
-        """Claim the undo entries of this agent's rolled-back runs whose undo is an upstream tool,
-        and run them: the gateway holds the upstreams' credentials, the worker does not."""
+        """Claim the undo entries of this agent's rolled-back runs whose undo is a tool of one of
+        this gateway's upstreams (its scopes), and run them: the gateway holds the upstreams'
+        credentials, the worker does not. A gateway with no such undo claims nothing."""
+        scopes = self.scopes()
+        if not scopes:
+            return
         while True:
             try:
-                entries = await aclaim(self.http, 10, self.config.claim_lease_s)
+                entries = await aclaim(self.http, 10, self.config.claim_lease_s, scopes)
             except UndoLogError as exc:
                 log.debug("claim failed: %s", exc)
                 entries = []
