@@ -104,6 +104,8 @@ class Caller:
     conversation: str | None
     started_by: str | None = None
     run_header: str | None = None
+    # What this request's access-log line says of it (the run it went to), filled in here.
+    access: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 STDIO = Caller("stdio", "stdio")
@@ -558,6 +560,8 @@ class Gateway:
             return error_result(str(exc))
         except UndoLogError as exc:
             return error_result(refusal_as_tool_result(exc))
+        if caller.access is not None:
+            caller.access["run"] = run  # its id once opened (the access line is written after)
         if name in (FINISH_RUN, FAIL_RUN):
             return await self._meta(run, name, args)
         assert route is not None
@@ -597,6 +601,8 @@ class Gateway:
             run = await self.start_run(caller)
         except UndoLogError as exc:
             return error_result(refusal_as_tool_result(exc))
+        if caller.access is not None:
+            caller.access["run"] = run
         return text_result(
             f"Run started. Pass {RUN_ARG}={run.key!r} to every tool call of this conversation.",
             structured={"run": run.key},
