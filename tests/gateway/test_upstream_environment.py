@@ -22,8 +22,8 @@ def test_a_stdio_upstream_gets_its_listed_env_and_a_base_never_the_gateways_secr
     monkeypatch.setenv("SOME_OTHER_SECRET", "other-secret-value-123")
     monkeypatch.setenv("ENVDUMP_SOURCE_TOKEN", "listed-token-value-456")
     gateway = harness(extra=f"""
-[servers.envdump]
-command = {json.dumps([sys.executable, "-m", "tests.gateway.envdump"])}
+[servers.textual]
+command = {json.dumps([sys.executable, "-m", "tests.gateway.textual"])}
 cwd = {json.dumps(str(BASE_DIR))}
 trusted = true
 env = {{ ENVDUMP_TOKEN = "${{ENVDUMP_SOURCE_TOKEN}}", MODE = "test" }}

@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ _META_TOOL_DECLARATIONS = (
 )
 MAX_HANDLE_CHARS = 64
 MAX_CACHED_RUNS = 10_000  # handle runs a replica remembers; a forgotten one is read again
+# Upstream answers a gateway keeps to replay a repeated call exactly as it was first answered (a
+# replay this process no longer holds is rebuilt from the stored result: `replayed_result`).
+MAX_KEPT_ANSWERS = 256
 # A handle run's SAFE calls are reported this long after the first of a burst: one request for
 # the burst, and a replica killed meanwhile loses at most that long's SAFE counts.
 SAFE_REPORT_AFTER_S = 0.1
@@ -289,6 +293,7 @@ class Gateway:
             str, Any
         ] = {}  # key -> the client's ServerSession, to say tools/list_changed
         self.background: Any = None  # a task group for work after an answer (set by the server)
+        self._answers: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._listed_tools: tuple[dict[str, Route], list[Any]] | None = None
         self.compensators: dict[str, tuple[str, str]] = {
             comp.function_name(server.name): (comp.server or server.name, comp.tool)
@@ -434,6 +439,27 @@ class Gateway:
         self._cache(run)
         return run
 
+    async def bind_run(self, caller: Caller) -> tuple[Run, bool]:
+        """The conversation's own run, opened now if it was not (True: it was not) and named by its
+        handle too (one Run: a call naming the handle and one naming nothing number their steps in
+        one order). A run a reviewer or the server ended gives way to a new one."""
+        assert caller.conversation is not None
+        run = self.run_for(caller.conversation, caller)
+        if run.client != caller.client:
+            raise Unattributed("This MCP session belongs to another client; the call was not run.")
+        if run.over is not None:
+            self.forget(run)
+            run = self.run_for(caller.conversation, caller)
+        fresh = not run.opened
+        await run.ensure_open()
+        if self.runs.get(run.session.id) is not run:
+            # Steps as a handle run's (milliseconds since it started), so any replica the handle
+            # reaches numbers calls in the same order as this one.
+            last = next(run.session._steps)
+            run.session._steps = _Clock(run.session.data.get("created"), last)
+            self.runs[run.session.id] = run
+        return run, fresh
+
     async def run_of(self, caller: Caller, handle: Any) -> Run:
         """The run a call belongs to (see the module docstring); raises Unattributed."""
         if caller.run_header is not None:
@@ -495,8 +521,10 @@ class Gateway:
     def forget(self, run: Run, *, keep: bool = False) -> None:
         """The run ended. `keep`: it stays in place, refusing calls (a reviewer or the server ended
         it); otherwise the client's next call starts a new run."""
-        if run.key is not None and self.runs.get(run.key) is run and not keep:
-            del self.runs[run.key]
+        if not keep:
+            for key in {run.key, run.session.id}:  # a conversation's run may have its handle too
+                if key is not None and self.runs.get(key) is run:
+                    del self.runs[key]
         if self.config.state_file and run.key == "stdio" and not run.handle:
             self.config.state_file.unlink(missing_ok=True)
 
@@ -594,19 +622,45 @@ class Gateway:
             value = await self._drive(run, route, args, execute, progress)
         except Exception as exc:
             return await self._outcome(run, route, exc)
-        return ran["result"] if "result" in ran else replayed_result(value)
+        return self._answer(run, route, args, ran.get("result"), value)
+
+    def _answer(self, run: Run, route: Route, args: dict[str, Any], ran: Any, value: Any) -> Any:
+        """What the upstream answered (kept, keyed as the server keys a call: run, tool, args), or
+        for a replay the answer kept when it ran, else one rebuilt from the stored result."""
+        key = (str(run.session.id), route.exposed, json.dumps(args, sort_keys=True, default=str))
+        if ran is not None:
+            self._answers[key] = ran
+            while len(self._answers) > MAX_KEPT_ANSWERS:
+                self._answers.popitem(last=False)
+            return ran
+        kept = self._answers.get(key)
+        return kept if kept is not None else replayed_result(value, route.tool)
 
     async def _start(self, caller: Caller) -> Any:
+        """``undolog_start_run``: a new handle run; in a conversation that has a run of its own
+        (stdio, a legacy MCP session), that run, so the conversation's work never splits."""
         try:
-            run = await self.start_run(caller)
+            if caller.conversation is None:
+                run, fresh = await self.start_run(caller), True
+            else:
+                run, fresh = await self.bind_run(caller)
+        except Unattributed as exc:
+            return error_result(str(exc))
         except UndoLogError as exc:
             return error_result(refusal_as_tool_result(exc))
         if caller.access is not None:
             caller.access["run"] = run
-        return text_result(
-            f"Run started. Pass {RUN_ARG}={run.key!r} to every tool call of this conversation.",
-            structured={"run": run.key},
-        )
+        handle = run.session.id
+        if fresh:
+            text = (
+                f"Run started. Pass {RUN_ARG}={handle!r} to every tool call of this conversation."
+            )
+        else:
+            text = (
+                f"This conversation already has a run: {handle!r}. Its calls go to it, with "
+                f"{RUN_ARG}={handle!r} or without; no second run was started."
+            )
+        return text_result(text, structured={"run": handle})
 
     async def _drive(
         self,
@@ -862,10 +916,18 @@ def _not_yours(handle: str, caller: Caller) -> str:
     )
 
 
-def replayed_result(value: Any) -> Any:
-    """A committed call's stored result, as the upstream's answer would have carried it."""
+def replayed_result(value: Any, tool: Any = None) -> Any:
+    """A committed call's stored result (``result_value`` of the upstream's answer), shaped as that
+    answer was when this gateway no longer holds it: a text answer (stored as ``{"text": ...}``)
+    as that text alone; JSON as its text, with ``structuredContent`` when it is an object (what
+    an upstream that structures its answers sent; one that answered JSON text only gets it too).
+    """
     from mcp import types
 
+    if isinstance(value, dict) and set(value) == {"text"} and isinstance(value["text"], str):
+        schema = getattr(tool, "output_schema", None) or {}
+        if "text" not in (schema.get("properties") or {}):  # not an upstream's own {"text": ...}
+            return types.CallToolResult(content=[types.TextContent(text=value["text"])])
     structured = value if isinstance(value, dict) else None
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(value))], structured_content=structured
