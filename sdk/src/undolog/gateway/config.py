@@ -220,6 +220,15 @@ def parse_config(data: Mapping[str, Any], base: Path | None = None) -> GatewayCo
         raise ConfigError(
             "no [servers.<name>] table: the gateway needs at least one upstream MCP server"
         )
+    names = {server.name for server in servers}
+    for server in servers:
+        for tool, override in server.tools.items():
+            other = override.compensation.server if override.compensation else None
+            if other is not None and other not in names:
+                raise ConfigError(
+                    f"[servers.{server.name}.tools.{tool}] compensation: server = {other!r} is not "
+                    f"one of this file's servers ({', '.join(sorted(names))})"
+                )
     state = undolog.get("state_file")
     on_idle = undolog.get("on_idle", "complete")
     if on_idle not in ("complete", "fail"):
