@@ -100,9 +100,12 @@ class UndoLogClient:
         return serve(self._http, handlers, **options)
 
     async def aregister_compensation(self, fn_name: str, fn_version: str, handler: str,
-                                     target: str, timeout_ms: int = 5000) -> dict[str, Any]:
+                                     target: str = "", timeout_ms: int = 5000,
+                                     claim_timeout_s: int | None = None,
+                                     scope: str | None = None) -> dict[str, Any]:
         return await self._http.asend(
-            _compensation_call(fn_name, fn_version, handler, target, timeout_ms))
+            _compensation_call(fn_name, fn_version, handler, target, timeout_ms, claim_timeout_s,
+                               scope))
 
     # -- reads -----------------------------------------------------------------------
 
