@@ -36,6 +36,15 @@ def test_start_run_in_a_legacy_session_answers_the_sessions_own_run_and_nothing_
             named = await client.call_tool("create_issue", {"title": "named", "undolog_run": handle})
             unnamed = await client.call_tool("create_issue", {"title": "unnamed"})
             assert not named.is_error and not unnamed.is_error
+            assert not (await client.call_tool("list_issues", {"undolog_run": handle})).is_error
+
+            def counted() -> bool:  # reported while the client stays: the handle may go elsewhere
+                run = gateway.person.http.get(f"/api/v1/sessions/{handle}").json()
+                return run["budget"]["tool_counts"].get("list_issues") == 1
+
+            with anyio.fail_after(10):
+                while not await anyio.to_thread.run_sync(counted):
+                    await anyio.sleep(0.1)
             return handle
 
     with http_gateway(gateway) as (url, _):

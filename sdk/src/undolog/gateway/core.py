@@ -189,6 +189,7 @@ class Run:
         )
         self.opened = False
         self.handle = False  # named by its handle: any replica may serve it
+        self.shared = False  # a conversation's run whose handle was given out: another may use it
         self.over: str | None = None  # set when a reviewer or the server ended the run
         self._lock = anyio.Lock()
         self._flushing = False
@@ -241,7 +242,8 @@ class Run:
         """``output``: what a tool labelled ``untrusted`` answered (its fingerprints feed
         ``tainted()`` on the server, which keeps no text)."""
         self.session._record_safe(tool, args, output)
-        if self.handle and self.gateway.background is not None and not self._flushing:
+        shared = self.handle or self.shared
+        if shared and self.gateway.background is not None and not self._flushing:
             # The run's next request may reach another replica, or none: report it now.
             self._flushing = True
             self.gateway.background.start_soon(self.flush_safe)
@@ -457,6 +459,7 @@ class Gateway:
             # reaches numbers calls in the same order as this one.
             last = next(run.session._steps)
             run.session._steps = _Clock(run.session.data.get("created"), last)
+            run.shared = True  # its SAFE calls reported right after they ran, as a handle run's
             self.runs[run.session.id] = run
         return run, fresh
 
