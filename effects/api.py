@@ -14,9 +14,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.errors import Invalid
+from core.errors import Conflict, Invalid
 from core.outbound import check_target
-from core.schema import constrain, ok
+from core.schema import constrain, errors, ok
 from core.validation import StrictSerializer, StringField, validated
 from effects import shapes
 from effects.models import (
@@ -57,8 +57,15 @@ class CompensationSerializer(StrictSerializer):
     timeout_ms = serializers.IntegerField(min_value=100, max_value=120_000, default=5000)
     claim_timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
     description = serializers.CharField(required=False, allow_blank=True, default="")
+    scope = serializers.RegexField(
+        r"^[A-Za-z0-9_.:@/+=-]{1,200}$", required=False, default="",
+        help_text="Agent handler: the upstream that runs it (the gateway sends its server's identity). Its entries "
+                  "are claimed only by claims naming this scope; a scoped function keeps its scope (409).")
 
     def validate(self, attrs: dict) -> dict:
+        if attrs["scope"] and attrs["handler"] != CompensationFunction.Handler.AGENT:
+            raise serializers.ValidationError({"scope": ["Only an agent handler has a scope (the upstream that "
+                                                         "claims its entries)."]})
         if attrs["handler"] == CompensationFunction.Handler.AGENT:
             if attrs["target"]:
                 raise serializers.ValidationError({"target": ["An agent handler has no target: the agent side "
@@ -77,7 +84,7 @@ class CompensationSerializer(StrictSerializer):
 def compensation_dict(fn: CompensationFunction) -> dict[str, Any]:
     return {"id": fn.pk, "fn_name": fn.fn_name, "fn_version": fn.fn_version, "handler": fn.handler,
             "target": fn.target, "timeout_ms": fn.timeout_ms, "claim_timeout_s": fn.claim_timeout_s,
-            "description": fn.description}
+            "description": fn.description, "scope": fn.scope}
 
 
 class CompensationsView(OrgScopedAPIView):
@@ -93,13 +100,13 @@ class CompensationsView(OrgScopedAPIView):
     @extend_schema(summary="Register a compensation function (or update one)", tags=["registry"],
                    request=CompensationSerializer,
                    responses={**ok(shapes.CompensationDict, 201, "Registered."),
-                              **ok(shapes.CompensationDict, 200, "Updated (same name and version).")})
+                              **ok(shapes.CompensationDict, 200, "Updated (same name and version)."),
+                              **errors(409, codes={409: ["compensation_scope_conflict"]})})
     def post(self, request: Request) -> Response:
         data = validated(CompensationSerializer, request.data)
-        fn, created = CompensationFunction.objects.update_or_create(
-            org=self.org, fn_name=data["fn_name"], fn_version=data["fn_version"],
-            defaults={k: data[k] for k in ("handler", "target", "timeout_ms", "claim_timeout_s", "description")},
-        )
+        fn, created = CompensationFunction.register(
+            self.org, data["fn_name"], data["fn_version"],
+            **{k: data[k] for k in ("handler", "target", "timeout_ms", "claim_timeout_s", "description", "scope")})
         return Response(compensation_dict(fn), status=201 if created else 200)
 
 
@@ -251,18 +258,40 @@ class ToolsView(OrgScopedAPIView):
         return Response({"tools": [tool_dict(tool) for tool in tools]})
 
     @extend_schema(summary="Register or update tools, all or none", tags=["registry"], request=ToolListSerializer,
-                   responses=ok(shapes.ToolListDict))
+                   responses={**ok(shapes.ToolListDict), **errors(409, codes={409: ["tool_scope_conflict"]})})
     def post(self, request: Request) -> Response:
         """Register or update a list of tools: all of them, or none."""
         org = self.org
         specs = validated(ToolListSerializer, request.data)["tools"]
         fns = self._compensation_functions(org, specs)
         with transaction.atomic():
+            self._keep_upstreams(org, specs, fns)
             saved = []
             for spec in specs:
                 tool, _ = Tool.objects.update_or_create(org=org, name=spec["name"], defaults=_tool_fields(spec, fns))
                 saved.append(tool)
         return Response({"tools": [tool_dict(tool) for tool in saved]})
+
+    @staticmethod
+    def _keep_upstreams(org, specs: list[dict], fns: dict[tuple[str, str], CompensationFunction]) -> None:
+        """A compensable tool whose undo one upstream runs (a scoped agent function) is not re-pointed at
+        another upstream's: the first gateway's calls would get undos the second one claims and runs on
+        its own upstream (two gateways of an org exposing one tool name from two upstreams)."""
+        wanted = {spec["name"]: fns[(spec["compensation"]["fn_name"], spec["compensation"]["fn_version"])]
+                  for spec in specs if spec.get("compensation")}
+        agent = CompensationFunction.Handler.AGENT
+        # Locked: two gateways registering at once are ordered, the second sees the first's function.
+        tools = (Tool.objects.select_for_update().select_related("compensation_fn")
+                 .filter(org=org, name__in=wanted, compensation_fn__handler=agent).exclude(compensation_fn__scope=""))
+        for tool in tools:
+            fn, old = wanted[tool.name], tool.compensation_fn
+            if fn.handler == agent and fn.scope != old.scope:
+                raise Conflict(f"Tool {tool.name!r} is undone on the upstream {old.scope!r} ({old}); this "
+                               f"registration would undo it on {fn.scope or 'no upstream'!r} ({fn}): two gateways "
+                               "of this org expose one tool name from two upstreams, and one would run the "
+                               "other's undos. Keep each tool name on one upstream; if it is the same upstream, "
+                               f"set identity = {old.scope!r} in its [servers.<name>] table.",
+                               code="tool_scope_conflict", tool=tool.name, scope=old.scope)
 
     @staticmethod
     def _compensation_functions(org, specs: list[dict]) -> dict[tuple[str, str], CompensationFunction]:

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.utils import timezone
@@ -119,6 +119,11 @@ class CompensationFunction(models.Model):
     timeout_ms = models.PositiveIntegerField(default=5000)
     claim_timeout_s = models.PositiveIntegerField(
         default=3600, help_text="agent handler: how long an entry waits for a claimer before a person is called.")
+    # Agent handler: which upstream runs it (the gateway's identity of one MCP server). Entries of a
+    # scoped function are claimed only by a claimer naming that scope, so two gateways of one agent
+    # that happen to give two upstreams one name never run each other's undos (issue 37).
+    scope = models.CharField(max_length=200, blank=True,
+                             help_text="agent handler: the upstream identity a claimer must name; empty: unscoped.")
     description = models.TextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -139,6 +144,46 @@ class CompensationFunction(models.Model):
             raise ValidationError({"target": "A dotted path to a callable, like pkg.module.undo."})
         elif self.handler == self.Handler.AGENT and self.target:
             raise ValidationError({"target": "An agent handler has no target: the agent side claims its entries."})
+        if self.scope and self.handler != self.Handler.AGENT:
+            raise ValidationError({"scope": "Only an agent handler has a scope."})
+
+    @classmethod
+    def register(cls, org: Organization, fn_name: str, fn_version: str,
+                 **fields: Any) -> tuple[CompensationFunction, bool]:
+        """Register `fn_name@fn_version` or update it (True: created); a scoped agent function keeps its
+        scope (`Conflict`: see `rescoping_error`)."""
+        with transaction.atomic():
+            # The row lock orders two gateways registering one name at once: the second sees the
+            # first's scope and is refused, instead of silently taking its entries over.
+            fn = cls.objects.select_for_update().filter(org=org, fn_name=fn_name, fn_version=fn_version).first()
+            if fn is None:
+                try:
+                    with transaction.atomic():
+                        return cls.objects.create(org=org, fn_name=fn_name, fn_version=fn_version, **fields), True
+                except IntegrityError:  # created meanwhile: check it like any existing one
+                    fn = cls.objects.select_for_update().get(org=org, fn_name=fn_name, fn_version=fn_version)
+            problem = fn.rescoping_error(fields.get("handler", fn.handler), fields.get("scope", ""))
+            if problem:
+                raise Conflict(problem, code="compensation_scope_conflict", scope=fn.scope)
+            for name, value in fields.items():
+                setattr(fn, name, value)
+            fn.save()
+        return fn, False
+
+    def rescoping_error(self, handler: str, scope: str) -> str | None:
+        """Why this function may not be re-registered as an agent function of `scope`, or None.
+
+        Its undo entries (and the undos of calls an upstream already ran) are claimed by whoever
+        names its scope: another scope would hand them to a claimer serving another upstream."""
+        if self.handler != self.Handler.AGENT or handler != self.Handler.AGENT or not self.scope:
+            return None
+        if scope == self.scope:
+            return None
+        return (f"{self} is served by the upstream {self.scope!r}, and this registration names "
+                f"{scope or 'no upstream'!r}: two gateways (or processes) of this org give one name to two "
+                "upstreams, and each would run the other's undos. Give one of them another server name; if "
+                f"it is the same upstream (moved, or reached another way), set identity = {self.scope!r} "
+                "in its [servers.<name>] table.")
 
     def in_use(self) -> bool:
         """Referenced by a tool or an undo entry: deleting it would orphan a compensation."""

@@ -17,6 +17,7 @@ class CompensationDict(TypedDict):
     timeout_ms: int
     claim_timeout_s: int
     description: str
+    scope: str  # agent handler: the upstream identity a claim must name ("": unscoped)
 
 
 class CompensationListDict(TypedDict):
@@ -176,6 +177,7 @@ class ClaimedEntryDict(TypedDict):
     effect: str
     tool: str
     step_index: int
+    scope: str  # the upstream its function is scoped to ("": unscoped)
 
 
 class ClaimedListDict(TypedDict):

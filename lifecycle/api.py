@@ -497,6 +497,11 @@ UNDO_STATES = [choice for choice, _ in UndoEntry.State.choices]
 class ClaimSerializer(StrictSerializer):
     max = serializers.IntegerField(min_value=1, max_value=100, default=10)
     lease_s = serializers.IntegerField(min_value=1, max_value=3600, default=30)
+    scopes = serializers.ListField(
+        child=serializers.RegexField(r"^[A-Za-z0-9_.:@/+=-]{1,200}$"), required=False, allow_null=True,
+        default=None, max_length=100,
+        help_text="The upstreams this claimer serves (the gateway's identities): only entries of functions "
+                  "registered with one of these scopes. Omitted: only entries of unscoped functions.")
 
 
 class ReportSerializer(StrictSerializer):
@@ -583,7 +588,7 @@ class UndoEntryViewSet(OrgScopedViewSet):
     def claim(self, request: Request) -> Response:
         """The agent side takes the agent-handler entries the walk is waiting on, each under a lease."""
         data = validated(ClaimSerializer, request.data)
-        entries = claims.claim(self.caller.agent, data["max"], data["lease_s"])
+        entries = claims.claim(self.caller.agent, data["max"], data["lease_s"], data["scopes"])
         return Response({"entries": [claims.claim_dict(entry) for entry in entries]})
 
     @extend_schema(summary="Report how a claimed undo entry went", tags=["undo entries"],

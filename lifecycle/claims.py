@@ -12,6 +12,7 @@ claims before its deadline, or whose claim runs out with no retries left, goes t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,8 +30,9 @@ ACTOR = "agent-side"
 
 
 def unclaimed_error(entry: UndoEntry) -> str:
+    serving = f"serving the upstream {entry.fn.scope!r} " if entry.fn.scope else ""
     return (f"no agent claimed {entry.fn_name}@{entry.fn_version} within {entry.fn.claim_timeout_s} s "
-            "(is the gateway or serve_compensations running with this agent's key?)")
+            f"(is the gateway or serve_compensations {serving}running with this agent's key?)")
 
 
 def wait_for_claimer(entry: UndoEntry, now: datetime) -> datetime | None:
@@ -77,14 +79,17 @@ def _lost(entry: UndoEntry, now: datetime) -> datetime | None:
     return deadline
 
 
-def claimable(agent: Agent, now: datetime):
+def claimable(agent: Agent, now: datetime, scopes: Sequence[str] | None = None):
     """Agent entries of this agent's compensating sessions that the walk has reached (it set the
     deadline), that are the top of their stack, and are due: pending past any backoff, or
-    running with a lease that ran out."""
+    running with a lease that ran out. Only those of functions scoped to one of `scopes` (the
+    upstreams the claimer serves); with none, only those of unscoped functions: a claimer that
+    names no upstream never runs an undo meant for one."""
     top = UndoEntry.objects.filter(session=OuterRef("session")).open().lifo().values("pk")[:1]
     return (UndoEntry.objects
             .filter(session__agent=agent, session__state=Session.State.COMPENSATING,
                     fn__handler=CompensationFunction.Handler.AGENT, claim_deadline__isnull=False)
+            .filter(Q(fn__scope__in=scopes) if scopes else Q(fn__scope=""))
             .filter(Q(state=UndoEntry.State.PENDING, next_attempt_at__isnull=True)
                     | Q(state=UndoEntry.State.PENDING, next_attempt_at__lte=now)
                     | Q(state=UndoEntry.State.RUNNING, lease_until__lte=now))
@@ -92,12 +97,13 @@ def claimable(agent: Agent, now: datetime):
             .select_related("effect", "fn").order_by("claim_deadline"))
 
 
-def claim(agent: Agent, limit: int, lease_s: int) -> list[UndoEntry]:
-    """Claim up to `limit` entries for `lease_s` seconds each; every one is held by this caller
-    alone (the guarded UPDATE on state and attempt count) until it reports or the lease ends."""
+def claim(agent: Agent, limit: int, lease_s: int, scopes: Sequence[str] | None = None) -> list[UndoEntry]:
+    """Claim up to `limit` entries (of `scopes`: see `claimable`) for `lease_s` seconds each; every
+    one is held by this caller alone (the guarded UPDATE on state and attempt count) until it
+    reports or the lease ends."""
     now = timezone.now()
     claimed = []
-    for entry in claimable(agent, now)[:limit]:
+    for entry in claimable(agent, now, scopes)[:limit]:
         stalled, lost, since = entry.state == UndoEntry.State.RUNNING, entry.attempts, entry.claimed_at
         with transaction.atomic():
             if stalled and not entry.retries_left:
@@ -146,5 +152,5 @@ def claim_dict(entry: UndoEntry) -> dict[str, Any]:
     return {"id": str(entry.id), "fn_name": entry.fn_name, "fn_version": entry.fn_version, "args": entry.args,
             "attempt": entry.attempts, "lease_expires_at": entry.lease_until.isoformat(),
             "session": str(entry.session_id), "effect": str(entry.effect_id), "tool": entry.effect.tool_name,
-            "step_index": entry.step_index}
+            "step_index": entry.step_index, "scope": entry.fn.scope}
 

@@ -37,6 +37,9 @@ export interface CompensationRegistration {
   timeoutMs?: number;
   /** `agent`: how long an entry waits for a claimer. */
   claimTimeoutS?: number;
+  /** `agent`: the system it undoes (e.g. "tickets-eu"); its entries are then claimed only by
+   * `serveCompensations(handlers, { scopes: [scope] })`. A scoped function keeps its scope. */
+  scope?: string;
 }
 
 type Registrable = DeclaredTool<never> | ToolSpec | { spec: ToolSpec };
@@ -109,12 +112,13 @@ export class Undolog {
 
   /** Add a compensation function to the registry: `POST /api/v1/compensations`. */
   async registerCompensation(registration: CompensationRegistration): Promise<Body> {
-    const { fnName, fnVersion = "1.0.0", handler, target = "", timeoutMs = 5000, claimTimeoutS } = registration;
+    const { fnName, fnVersion = "1.0.0", handler, target = "", timeoutMs = 5000, claimTimeoutS, scope } = registration;
     if (!["webhook", "python", "agent"].includes(handler)) {
       throw new TypeError("handler must be 'webhook', 'python' or 'agent'");
     }
     const body: Body = { fn_name: fnName, fn_version: fnVersion, handler, target, timeout_ms: timeoutMs };
     if (claimTimeoutS !== undefined) body["claim_timeout_s"] = claimTimeoutS;
+    if (scope) body["scope"] = scope;
     return await this.http.send({ method: "POST", path: "/api/v1/compensations", body });
   }
 

@@ -50,6 +50,9 @@ export interface ServeOptions {
   batch?: number;
   /** One round of claims, then return. */
   once?: boolean;
+  /** The scopes its functions were registered with: only their entries are claimed. Without
+   * it, only entries of functions registered with no scope (never a gateway's). */
+  scopes?: string[];
 }
 
 interface Entry {
@@ -63,8 +66,10 @@ interface Entry {
   lease_expires_at: string;
 }
 
-export async function claim(http: Http, limit = 10, leaseS = 30): Promise<Entry[]> {
-  const answer = await http.send({ method: "POST", path: "/api/v1/undo-entries/claim", body: { max: limit, lease_s: leaseS } });
+export async function claim(http: Http, limit = 10, leaseS = 30, scopes?: string[]): Promise<Entry[]> {
+  const body: Body = { max: limit, lease_s: leaseS };
+  if (scopes !== undefined) body["scopes"] = scopes;
+  const answer = await http.send({ method: "POST", path: "/api/v1/undo-entries/claim", body });
   return (answer["entries"] ?? []) as Entry[];
 }
 
@@ -106,12 +111,12 @@ export async function runOne(http: Http, entry: Entry, handlers: Record<string, 
  * process cannot run is reported as a permanent failure, so a person sees it. */
 export async function serve(http: Http, handlers: Record<string, CompensationHandler>,
   options: ServeOptions = {}): Promise<number> {
-  const { signal, pollS = 1, leaseS = 30, batch = 10, once = false } = options;
+  const { signal, pollS = 1, leaseS = 30, batch = 10, once = false, scopes } = options;
   let ran = 0;
   while (!signal?.aborted) {
     let entries: Entry[] = [];
     try {
-      entries = await claim(http, batch, leaseS);
+      entries = await claim(http, batch, leaseS, scopes);
     } catch (error) {
       if (!(error instanceof UndologError)) throw error; // the server is away for a moment: try again
     }

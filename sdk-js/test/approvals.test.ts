@@ -134,4 +134,30 @@ describe("approvals", () => {
     const stack = state["undo_stack"] as Record<string, any>[];
     assert.ok(stack.some((e) => e["state"] === "compensation_failed"));
   });
+
+  it("it claims a scoped function's entries only when serving its scope", async () => {
+    const { client } = await newAgent();
+    const undone: unknown[] = [];
+    await client.registerCompensation({ fnName: "undo_book", handler: "agent", claimTimeoutS: 60, scope: "rooms-eu" });
+    const book = undologTool({ name: "book_room", tier: "compensable",
+      compensation: { fnName: "undo_book", args: { room: "{room}" } },
+    }, async ({ room }: { room: string }) => ({ room }));
+    await client.register(book);
+    let run: Session | undefined;
+    await assert.rejects(client.session({}, async (r) => {
+      run = r;
+      await book({ room: "101" });
+      throw new Error("wrong dates");
+    }));
+    const handlers = { undo_book: async (args: Record<string, unknown>) => { undone.push(args); } };
+    await new Promise((resolve) => setTimeout(resolve, 1000)); // the walk reaches the entry
+    assert.equal(await client.serveCompensations(handlers, { once: true }), 0); // no scope: unscoped only
+    assert.equal(await client.serveCompensations(handlers, { once: true, scopes: ["rooms-us"] }), 0);
+    const stop = new AbortController();
+    const serving = client.serveCompensations(handlers, { signal: stop.signal, pollS: 0.2, scopes: ["rooms-eu"] });
+    const state = await run!.waitCompensated({ timeout: 60 }).finally(() => stop.abort());
+    assert.equal(await serving, 1);
+    assert.equal(state["state"], "compensated");
+    assert.deepEqual(undone, [{ room: "101" }]);
+  });
 });

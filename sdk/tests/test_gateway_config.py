@@ -67,6 +67,9 @@ def test_it_reads_servers_overrides_and_defaults(monkeypatch):
         (with_tool(tier="sometimes"), "[servers.tracker.tools.create_issue]"),
         (with_tool(compensation={"args": {}}), "exactly one of tool"),
         (with_tool(approval={"risk_tags": []}), "[servers.tracker.tools.create_issue]"),
+        (with_tool(compensation={"tool": "close_issue", "server": "trackr"}),
+         "server = 'trackr' is not one of this file's servers (tracker)"),
+        ({"servers": {"t": {"command": "x", "identity": "has spaces"}}}, "identity is 1 to 200"),
     ],
 )
 def test_it_refuses_what_it_cannot_act_on(data, says):
@@ -210,3 +213,21 @@ def test_a_tool_table_sets_labels_and_untrusted_fields_for_run_aware_rules():
     assert spec.untrusted_fields == ("body",)
     with pytest.raises(ConfigError, match="labels must be a list of strings"):
         parse_config(with_tool(labels="untrusted"))
+
+
+def test_an_upstreams_identity_is_where_it_is_and_never_its_credentials(monkeypatch):
+    def scope(name="ledger", **spec) -> str:
+        return parse_config({"servers": {name: spec}}).servers[0].scope
+
+    monkeypatch.setenv("LEDGER_TOKEN", "one")
+    here = scope(command=["npx", "ledger-mcp"], env={"LEDGER_TOKEN": "${LEDGER_TOKEN}"})
+    assert here.startswith("mcp:ledger:") and len(here.rsplit(":", 1)[1]) == 16
+    monkeypatch.setenv("LEDGER_TOKEN", "two")  # a rotated token: the same upstream
+    assert scope(command=["npx", "ledger-mcp"], env={"LEDGER_TOKEN": "${LEDGER_TOKEN}"}) == here
+    assert scope(command=["npx", "ledger-mcp"], cwd="/srv/other") != here
+    assert scope(command=["npx", "other-mcp"]) != here
+    assert scope("books", command=["npx", "ledger-mcp"]) != here
+    assert scope(url="https://a.example/mcp", headers={"Authorization": "Bearer x"}) == scope(
+        url="https://a.example/mcp", headers={"Authorization": "Bearer y"})
+    assert scope(url="https://a.example/mcp") != scope(url="https://b.example/mcp")
+    assert scope(command="npx ledger-mcp", identity="ledger-prod") == "ledger-prod"

@@ -74,3 +74,30 @@ def test_an_agent_entry_nobody_claims_goes_to_a_person_past_its_deadline(agent, 
     assert "no agent claimed close_ticket@1.0.0 within 1 s" in top["last_error"]
     assert done["undo_stack"][1]["state"] == "pending"  # the walk stopped there, in order
     assert set(TICKETS.values()) == {"open"}
+
+
+def test_a_scoped_function_is_run_only_by_a_process_that_names_its_scope(agent, acme):
+    from effects.models import UndoEntry
+    from tests.conftest import eventually
+
+    agent.register_compensation("close_ticket", "1.0.0", "agent", scope="tickets-a")
+    agent.register(open_ticket)
+    session_id = run_that_fails(agent, acme.agent.name)
+    eventually(lambda: UndoEntry.objects.filter(session_id=session_id, claim_deadline__isnull=False).exists())
+
+    handlers = {"close_ticket": close_ticket}
+    assert agent.serve_compensations(handlers, once=True) == 0  # names no scope: unscoped ones only
+    assert agent.serve_compensations(handlers, once=True, scopes=["tickets-b"]) == 0
+    assert set(TICKETS.values()) == {"open"}
+
+    stop = threading.Event()
+    serving = threading.Thread(target=agent.serve_compensations, args=(handlers,),
+                               kwargs={"stop": stop, "poll_s": 0.1, "scopes": ["tickets-a"]}, daemon=True)
+    serving.start()
+    try:
+        done = agent.resume_session(session_id).wait_compensated(timeout=30, poll_interval=0.1)
+    finally:
+        stop.set()
+        serving.join(10)
+    assert done["state"] == "compensated"
+    assert TICKETS == {1: "closed for ana (attempt 1)", 2: "closed for bo (attempt 1)"}

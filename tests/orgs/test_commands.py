@@ -61,3 +61,16 @@ def test_setupdemo_runs_once(db):
     assert "exists" in second
     assert Membership.objects.get(user__username="admin").role == "admin"
     assert authenticate(username="admin", password="admin") is not None
+
+
+def test_drf_create_token_gives_a_person_the_token_the_readme_says_the_api_takes(db, client):
+    run("createorg", "acme")
+    run("createreviewer", "acme", "alice", "--password", "s3cret-pass")
+
+    token = run("drf_create_token", "alice").split()[2]  # "Generated token <key> for user alice"
+
+    assert client.get("/api/v1/approvals", HTTP_AUTHORIZATION=f"Token {token}").status_code == 200
+    replaced = run("drf_create_token", "-r", "alice").split()[2]
+    assert replaced != token
+    assert client.get("/api/v1/approvals", HTTP_AUTHORIZATION=f"Token {token}").status_code == 401
+    assert client.get("/api/v1/approvals", HTTP_AUTHORIZATION=f"Token {replaced}").status_code == 200

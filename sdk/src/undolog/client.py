@@ -77,16 +77,18 @@ class UndoLogClient:
         return (await self._http.asend(_register_call(tools))).get("tools", [])
 
     def register_compensation(self, fn_name: str, fn_version: str, handler: str, target: str = "",
-                              timeout_ms: int = 5000, claim_timeout_s: int | None = None
-                              ) -> dict[str, Any]:
+                              timeout_ms: int = 5000, claim_timeout_s: int | None = None,
+                              scope: str | None = None) -> dict[str, Any]:
         """Add a compensation function to the registry: ``POST /api/v1/compensations``.
 
         ``handler`` is ``"webhook"`` (``target`` an https URL), ``"python"`` (a
         dotted path the worker imports) or ``"agent"`` (no target: run by this side with
         ``serve_compensations``; ``claim_timeout_s`` is how long an entry waits for it).
+        ``scope`` (agent handler): the system it undoes, e.g. ``"billing-prod"``; its entries are
+        then claimed only by ``serve_compensations(..., scopes=[scope])``.
         """
         return self._http.send(_compensation_call(fn_name, fn_version, handler, target, timeout_ms,
-                                                  claim_timeout_s))
+                                                  claim_timeout_s, scope))
 
     def serve_compensations(self, handlers: Mapping[str, Callable[..., Any]],
                             **options: Any) -> int:
@@ -98,9 +100,12 @@ class UndoLogClient:
         return serve(self._http, handlers, **options)
 
     async def aregister_compensation(self, fn_name: str, fn_version: str, handler: str,
-                                     target: str, timeout_ms: int = 5000) -> dict[str, Any]:
+                                     target: str = "", timeout_ms: int = 5000,
+                                     claim_timeout_s: int | None = None,
+                                     scope: str | None = None) -> dict[str, Any]:
         return await self._http.asend(
-            _compensation_call(fn_name, fn_version, handler, target, timeout_ms))
+            _compensation_call(fn_name, fn_version, handler, target, timeout_ms, claim_timeout_s,
+                               scope))
 
     # -- reads -----------------------------------------------------------------------
 
@@ -167,13 +172,16 @@ def _flatten(tools: Iterable[Any]) -> Iterable[Any]:
 
 
 def _compensation_call(fn_name: str, fn_version: str, handler: str, target: str,
-                       timeout_ms: int, claim_timeout_s: int | None = None) -> Call:
+                       timeout_ms: int, claim_timeout_s: int | None = None,
+                       scope: str | None = None) -> Call:
     if handler not in ("webhook", "python", "agent"):
         raise ValueError("handler must be 'webhook', 'python' or 'agent'")
-    body = {"fn_name": fn_name, "fn_version": fn_version, "handler": handler,
-            "target": target, "timeout_ms": timeout_ms}
+    body: dict[str, Any] = {"fn_name": fn_name, "fn_version": fn_version, "handler": handler,
+                            "target": target, "timeout_ms": timeout_ms}
     if claim_timeout_s is not None:
         body["claim_timeout_s"] = claim_timeout_s
+    if scope:
+        body["scope"] = scope
     return Call("POST", "/api/v1/compensations", body)
 
 

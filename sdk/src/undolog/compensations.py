@@ -15,7 +15,7 @@ a lost lease (``context["idempotency_key"]`` is the entry id, the same on every 
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ._http import Call, Http
@@ -28,8 +28,13 @@ class PermanentCompensationError(Exception):
     """Raised by a handler that cannot succeed by trying again: a person takes over at once."""
 
 
-def claim_call(limit: int, lease_s: int) -> Call:
-    return Call("POST", "/api/v1/undo-entries/claim", {"max": limit, "lease_s": lease_s})
+def claim_call(limit: int, lease_s: int, scopes: Sequence[str] | None = None) -> Call:
+    """``scopes``: the upstreams this side serves (then only their functions' entries); None: only
+    entries of functions registered without a scope."""
+    body: dict[str, Any] = {"max": limit, "lease_s": lease_s}
+    if scopes is not None:
+        body["scopes"] = list(scopes)
+    return Call("POST", "/api/v1/undo-entries/claim", body)
 
 
 def report_call(
@@ -41,8 +46,9 @@ def report_call(
     return Call("POST", f"/api/v1/undo-entries/{entry['id']}/report", body)
 
 
-def claim(http: Http, limit: int = 10, lease_s: int = 30) -> list[dict[str, Any]]:
-    return http.send(claim_call(limit, lease_s)).get("entries", [])
+def claim(http: Http, limit: int = 10, lease_s: int = 30,
+          scopes: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    return http.send(claim_call(limit, lease_s, scopes)).get("entries", [])
 
 
 def report(
@@ -100,17 +106,19 @@ def serve(
     lease_s: int = 30,
     batch: int = 10,
     once: bool = False,
+    scopes: Sequence[str] | None = None,
 ) -> int:
     """Claim and run entries until ``stop`` is set (or one round, with ``once``); how many ran.
 
     Only entries of functions named in ``handlers`` should be registered with this agent:
     an entry this process cannot run is reported as a permanent failure, so a person sees it.
+    ``scopes``: the scopes its functions were registered with (none: unscoped ones only).
     """
     stop = stop or threading.Event()
     ran = 0
     while not stop.is_set():
         try:
-            entries = claim(http, batch, lease_s)
+            entries = claim(http, batch, lease_s, scopes)
         except UndoLogError:
             entries = []  # the server is away for a moment; the lease rules keep everything safe
         for entry in entries:
@@ -123,8 +131,9 @@ def serve(
     return ran
 
 
-async def aclaim(http: Http, limit: int = 10, lease_s: int = 30) -> list[dict[str, Any]]:
-    return (await http.asend(claim_call(limit, lease_s))).get("entries", [])
+async def aclaim(http: Http, limit: int = 10, lease_s: int = 30,
+                 scopes: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    return (await http.asend(claim_call(limit, lease_s, scopes))).get("entries", [])
 
 
 async def areport(

@@ -30,8 +30,10 @@ def run(config_path: str, http: str | None = None) -> None:
     """Start the gateway (blocks): stdio, or streamable HTTP at ``HOST:PORT``."""
     import anyio
 
+    from .logs import configure
     from .server import check_bind, serve_http, serve_stdio
 
+    configure()  # LOG_FORMAT / LOG_LEVEL, as for the undolog server; to stderr
     config = load_config(config_path)
     if http:
         host, _, port = http.rpartition(":")

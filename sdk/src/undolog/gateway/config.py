@@ -9,6 +9,7 @@ about their tools that their own hints do not say.
     [servers.tracker]                    # a stdio server ...
     command = ["python", "-m", "tracker"]
     trusted = true                       # believe its readOnlyHint (read-only tools become SAFE)
+    env = { TRACKER_TOKEN = "${TRACKER_TOKEN}" }  # all it sees of our environment (+ PATH, ...)
 
     [servers.docs]                       # ... or a streamable-HTTP one
     url = "https://mcp.example.com/mcp"
@@ -25,6 +26,16 @@ Strings in ``url``, ``headers``, ``env`` and ``command`` expand ``$VAR``/``${VAR
 environment, so secrets stay out of the file; a client's ``token`` must expand fully (an unset
 variable is an error, never a literal token).
 
+A stdio server's environment is what its ``env`` lists plus a minimal base (``PATH``, ``HOME``,
+``LANG``, ...: ``upstream.BASE_ENV``), never the rest of the gateway's: client tokens and
+undolog's key stay here.
+
+``identity`` (``[servers.<name>]``): who this upstream is, for its agent-side undos. Without it,
+``mcp:<name>:<fingerprint of its url, or command and cwd>``. Its undo functions are registered
+with it and claimed only with it, so two gateways of one org that give two upstreams one name
+are refused at start instead of running each other's undos. Set it by hand when one upstream is
+reached two ways (moved, or another command), or when two differ only by credentials.
+
 ``on_idle`` (``[undolog]``): what the server's idle sweep (the agent's or org's
 ``run_idle_timeout_s``) makes of a run whose client went quiet without finishing it:
 ``complete`` (the default: the work stands, as when a stdio client closes) or ``fail`` (rolled
@@ -33,6 +44,8 @@ back).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -63,6 +76,7 @@ SERVER_KEYS = {
     "cost_weight",
     "safe_cost_weight",
     "tools",
+    "identity",
 }
 TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description", "labels",
              "untrusted_fields"}
@@ -139,6 +153,18 @@ class ServerConfig:
     cost_weight: float = 1.0
     safe_cost_weight: float = 1.0
     tools: Mapping[str, ToolOverride] = field(default_factory=dict)
+    identity: str | None = None
+
+    @property
+    def scope(self) -> str:
+        """The upstream's identity its agent-side undo functions are registered and claimed with:
+        ``identity``, else ``mcp:<name>:<16 hex>`` of where it is (its url, or its command and cwd;
+        credentials stay out, so rotating a token keeps it)."""
+        if self.identity:
+            return self.identity
+        where = {"url": self.url} if self.url else {"command": list(self.command), "cwd": self.cwd}
+        digest = hashlib.sha256(json.dumps([self.name, where], sort_keys=True).encode()).hexdigest()
+        return f"mcp:{re.sub(r'[^A-Za-z0-9_.-]', '_', self.name)[:80]}:{digest[:16]}"
 
 
 @dataclass(frozen=True)
@@ -194,6 +220,15 @@ def parse_config(data: Mapping[str, Any], base: Path | None = None) -> GatewayCo
         raise ConfigError(
             "no [servers.<name>] table: the gateway needs at least one upstream MCP server"
         )
+    names = {server.name for server in servers}
+    for server in servers:
+        for tool, override in server.tools.items():
+            other = override.compensation.server if override.compensation else None
+            if other is not None and other not in names:
+                raise ConfigError(
+                    f"[servers.{server.name}.tools.{tool}] compensation: server = {other!r} is not "
+                    f"one of this file's servers ({', '.join(sorted(names))})"
+                )
     state = undolog.get("state_file")
     on_idle = undolog.get("on_idle", "complete")
     if on_idle not in ("complete", "fail"):
@@ -266,7 +301,20 @@ def _server(name: str, spec: Mapping[str, Any]) -> ServerConfig:
         cost_weight=float(spec.get("cost_weight", 1.0)),
         safe_cost_weight=float(spec.get("safe_cost_weight", 1.0)),
         tools=tools,
+        identity=_identity(where, spec.get("identity")),
     )
+
+
+_IDENTITY = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
+
+
+def _identity(where: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    value = _expand(value)
+    if not isinstance(value, str) or not _IDENTITY.match(value):
+        raise ConfigError(f"{where}: identity is 1 to 200 letters, digits and _ . : @ / + = -")
+    return value
 
 
 def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:

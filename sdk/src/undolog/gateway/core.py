@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -86,6 +87,9 @@ _META_TOOL_DECLARATIONS = (
 )
 MAX_HANDLE_CHARS = 64
 MAX_CACHED_RUNS = 10_000  # handle runs a replica remembers; a forgotten one is read again
+# Upstream answers a gateway keeps to replay a repeated call exactly as it was first answered (a
+# replay this process no longer holds is rebuilt from the stored result: `replayed_result`).
+MAX_KEPT_ANSWERS = 256
 # A handle run's SAFE calls are reported this long after the first of a burst: one request for
 # the burst, and a replica killed meanwhile loses at most that long's SAFE counts.
 SAFE_REPORT_AFTER_S = 0.1
@@ -104,9 +108,16 @@ class Caller:
     conversation: str | None
     started_by: str | None = None
     run_header: str | None = None
+    # What this request's access-log line says of it (the run it went to), filled in here.
+    access: dict[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 STDIO = Caller("stdio", "stdio")
+
+
+class UpstreamConflict(ValueError):
+    """undolog refused this gateway's registration: another gateway of the org gives one of these
+    names to another upstream (the message says which, and how to tell them apart)."""
 
 
 class Unattributed(Exception):
@@ -178,6 +189,7 @@ class Run:
         )
         self.opened = False
         self.handle = False  # named by its handle: any replica may serve it
+        self.shared = False  # a conversation's run whose handle was given out: another may use it
         self.over: str | None = None  # set when a reviewer or the server ended the run
         self._lock = anyio.Lock()
         self._flushing = False
@@ -230,7 +242,8 @@ class Run:
         """``output``: what a tool labelled ``untrusted`` answered (its fingerprints feed
         ``tainted()`` on the server, which keeps no text)."""
         self.session._record_safe(tool, args, output)
-        if self.handle and self.gateway.background is not None and not self._flushing:
+        shared = self.handle or self.shared
+        if shared and self.gateway.background is not None and not self._flushing:
             # The run's next request may reach another replica, or none: report it now.
             self._flushing = True
             self.gateway.background.start_soon(self.flush_safe)
@@ -282,6 +295,7 @@ class Gateway:
             str, Any
         ] = {}  # key -> the client's ServerSession, to say tools/list_changed
         self.background: Any = None  # a task group for work after an answer (set by the server)
+        self._answers: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._listed_tools: tuple[dict[str, Route], list[Any]] | None = None
         self.compensators: dict[str, tuple[str, str]] = {
             comp.function_name(server.name): (comp.server or server.name, comp.tool)
@@ -306,19 +320,37 @@ class Gateway:
         await self._resume()
 
     async def _register_compensations(self) -> None:
+        """Register each upstream-tool undo as an agent function scoped to the upstream that runs
+        it: only a gateway serving that upstream claims its entries. Another gateway of the org
+        that gave another upstream the same name is refused here (409), and this one with it."""
         for server in self.config.servers:
             for comp in _compensations(server):
                 if comp.tool:
-                    await self.http.asend(
-                        _compensation_call(
-                            comp.function_name(server.name),
-                            comp.fn_version,
-                            "agent",
-                            "",
-                            5000,
-                            comp.claim_timeout_s,
+                    name = comp.function_name(server.name)
+                    try:
+                        await self.http.asend(
+                            _compensation_call(
+                                name,
+                                comp.fn_version,
+                                "agent",
+                                "",
+                                5000,
+                                comp.claim_timeout_s,
+                                self._scope_of(comp.server or server.name),
+                            )
                         )
-                    )
+                    except UndoLogError as exc:
+                        if exc.code not in ("compensation_scope_conflict", "tool_scope_conflict"):
+                            raise
+                        raise UpstreamConflict(f"[servers.{server.name}]: {exc}") from exc
+
+    def _scope_of(self, server: str) -> str:
+        return next(s.scope for s in self.config.servers if s.name == server)
+
+    def scopes(self) -> list[str]:
+        """The upstreams whose undos this gateway runs (what its claims name)."""
+        return sorted({self._scope_of(server) for server, _ in self.compensators.values()
+                       if server in self.upstreams})
 
     async def _rebuild(self) -> None:
         """Route every listed tool (prefixed by its server where two servers clash) and register
@@ -345,13 +377,18 @@ class Gateway:
                     why,
                 )
         if routes:
-            await self.http.asend(
-                Call(
-                    "POST",
-                    "/api/v1/tools",
-                    {"tools": [r.declared.spec.to_dict() for r in routes.values()]},
+            try:
+                await self.http.asend(
+                    Call(
+                        "POST",
+                        "/api/v1/tools",
+                        {"tools": [r.declared.spec.to_dict() for r in routes.values()]},
+                    )
                 )
-            )
+            except UndoLogError as exc:
+                if exc.code != "tool_scope_conflict":
+                    raise
+                raise UpstreamConflict(str(exc)) from exc
         self.routes = routes
 
     async def _tools_changed(self, server: str) -> None:
@@ -403,6 +440,28 @@ class Gateway:
         run.session._steps = _Clock(run.session.data.get("created"), 0)
         self._cache(run)
         return run
+
+    async def bind_run(self, caller: Caller) -> tuple[Run, bool]:
+        """The conversation's own run, opened now if it was not (True: it was not) and named by its
+        handle too (one Run: a call naming the handle and one naming nothing number their steps in
+        one order). A run a reviewer or the server ended gives way to a new one."""
+        assert caller.conversation is not None
+        run = self.run_for(caller.conversation, caller)
+        if run.client != caller.client:
+            raise Unattributed("This MCP session belongs to another client; the call was not run.")
+        if run.over is not None:
+            self.forget(run)
+            run = self.run_for(caller.conversation, caller)
+        fresh = not run.opened
+        await run.ensure_open()
+        if self.runs.get(run.session.id) is not run:
+            # Steps as a handle run's (milliseconds since it started), so any replica the handle
+            # reaches numbers calls in the same order as this one.
+            last = next(run.session._steps)
+            run.session._steps = _Clock(run.session.data.get("created"), last)
+            run.shared = True  # its SAFE calls reported right after they ran, as a handle run's
+            self.runs[run.session.id] = run
+        return run, fresh
 
     async def run_of(self, caller: Caller, handle: Any) -> Run:
         """The run a call belongs to (see the module docstring); raises Unattributed."""
@@ -465,8 +524,10 @@ class Gateway:
     def forget(self, run: Run, *, keep: bool = False) -> None:
         """The run ended. `keep`: it stays in place, refusing calls (a reviewer or the server ended
         it); otherwise the client's next call starts a new run."""
-        if run.key is not None and self.runs.get(run.key) is run and not keep:
-            del self.runs[run.key]
+        if not keep:
+            for key in {run.key, run.session.id}:  # a conversation's run may have its handle too
+                if key is not None and self.runs.get(key) is run:
+                    del self.runs[key]
         if self.config.state_file and run.key == "stdio" and not run.handle:
             self.config.state_file.unlink(missing_ok=True)
 
@@ -530,6 +591,8 @@ class Gateway:
             return error_result(str(exc))
         except UndoLogError as exc:
             return error_result(refusal_as_tool_result(exc))
+        if caller.access is not None:
+            caller.access["run"] = run  # its id once opened (the access line is written after)
         if name in (FINISH_RUN, FAIL_RUN):
             return await self._meta(run, name, args)
         assert route is not None
@@ -562,17 +625,45 @@ class Gateway:
             value = await self._drive(run, route, args, execute, progress)
         except Exception as exc:
             return await self._outcome(run, route, exc)
-        return ran["result"] if "result" in ran else replayed_result(value)
+        return self._answer(run, route, args, ran.get("result"), value)
+
+    def _answer(self, run: Run, route: Route, args: dict[str, Any], ran: Any, value: Any) -> Any:
+        """What the upstream answered (kept, keyed as the server keys a call: run, tool, args), or
+        for a replay the answer kept when it ran, else one rebuilt from the stored result."""
+        key = (str(run.session.id), route.exposed, json.dumps(args, sort_keys=True, default=str))
+        if ran is not None:
+            self._answers[key] = ran
+            while len(self._answers) > MAX_KEPT_ANSWERS:
+                self._answers.popitem(last=False)
+            return ran
+        kept = self._answers.get(key)
+        return kept if kept is not None else replayed_result(value, route.tool)
 
     async def _start(self, caller: Caller) -> Any:
+        """``undolog_start_run``: a new handle run; in a conversation that has a run of its own
+        (stdio, a legacy MCP session), that run, so the conversation's work never splits."""
         try:
-            run = await self.start_run(caller)
+            if caller.conversation is None:
+                run, fresh = await self.start_run(caller), True
+            else:
+                run, fresh = await self.bind_run(caller)
+        except Unattributed as exc:
+            return error_result(str(exc))
         except UndoLogError as exc:
             return error_result(refusal_as_tool_result(exc))
-        return text_result(
-            f"Run started. Pass {RUN_ARG}={run.key!r} to every tool call of this conversation.",
-            structured={"run": run.key},
-        )
+        if caller.access is not None:
+            caller.access["run"] = run
+        handle = run.session.id
+        if fresh:
+            text = (
+                f"Run started. Pass {RUN_ARG}={handle!r} to every tool call of this conversation."
+            )
+        else:
+            text = (
+                f"This conversation already has a run: {handle!r}. Its calls go to it, with "
+                f"{RUN_ARG}={handle!r} or without; no second run was started."
+            )
+        return text_result(text, structured={"run": handle})
 
     async def _drive(
         self,
@@ -697,11 +788,15 @@ class Gateway:
     # -- compensations that run here -----------------------------------------------------
 
     async def serve_compensations(self) -> None:
-        """Claim the undo entries of this agent's rolled-back runs whose undo is an upstream tool,
-        and run them: the gateway holds the upstreams' credentials, the worker does not."""
+        """Claim the undo entries of this agent's rolled-back runs whose undo is a tool of one of
+        this gateway's upstreams (its scopes), and run them: the gateway holds the upstreams'
+        credentials, the worker does not. A gateway with no such undo claims nothing."""
+        scopes = self.scopes()
+        if not scopes:
+            return
         while True:
             try:
-                entries = await aclaim(self.http, 10, self.config.claim_lease_s)
+                entries = await aclaim(self.http, 10, self.config.claim_lease_s, scopes)
             except UndoLogError as exc:
                 log.debug("claim failed: %s", exc)
                 entries = []
@@ -824,10 +919,18 @@ def _not_yours(handle: str, caller: Caller) -> str:
     )
 
 
-def replayed_result(value: Any) -> Any:
-    """A committed call's stored result, as the upstream's answer would have carried it."""
+def replayed_result(value: Any, tool: Any = None) -> Any:
+    """A committed call's stored result (``result_value`` of the upstream's answer), shaped as that
+    answer was when this gateway no longer holds it: a text answer (stored as ``{"text": ...}``)
+    as that text alone; JSON as its text, with ``structuredContent`` when it is an object (what
+    an upstream that structures its answers sent; one that answered JSON text only gets it too).
+    """
     from mcp import types
 
+    if isinstance(value, dict) and set(value) == {"text"} and isinstance(value["text"], str):
+        schema = getattr(tool, "output_schema", None) or {}
+        if "text" not in (schema.get("properties") or {}):  # not an upstream's own {"text": ...}
+            return types.CallToolResult(content=[types.TextContent(text=value["text"])])
     structured = value if isinstance(value, dict) else None
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(value))], structured_content=structured

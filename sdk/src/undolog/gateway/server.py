@@ -17,6 +17,7 @@ import anyio
 
 from .config import ClientConfig
 from .core import STDIO, Caller, Gateway
+from .logs import ACCESS_SCOPE_KEY, AccessLog
 
 __all__ = ["Authenticator", "build_server", "serve_http", "serve_stdio"]
 
@@ -40,6 +41,7 @@ def caller_of(ctx: Any) -> Caller:
         conversation=f"http:{session_id}" if session_id else None,
         started_by=client.started_by if client else None,
         run_header=headers.get("undolog-run"),
+        access=request.scope.get(ACCESS_SCOPE_KEY),
     )
 
 
@@ -63,7 +65,10 @@ def build_server(gateway: Gateway) -> Any:
         async def progress(done: float, total: float | None, message: str) -> None:
             await ctx.session.report_progress(done, total, message)
 
-        return await gateway.call(caller, params.name, dict(params.arguments or {}), progress)
+        result = await gateway.call(caller, params.name, dict(params.arguments or {}), progress)
+        if caller.access is not None:
+            caller.access["outcome"] = "error" if getattr(result, "is_error", False) else "ok"
+        return result
 
     return Server(
         "undolog-gateway",
@@ -230,7 +235,8 @@ async def serve_http(gateway: Gateway, host: str, port: int) -> None:
     async with AsyncExitStack() as stack:
         await gateway.start(stack)
         inner = server.streamable_http_app(host=host)
-        app = Authenticator(ends_runs_on_delete(inner, gateway), gateway.config.clients)
+        app = AccessLog(Authenticator(ends_runs_on_delete(inner, gateway), gateway.config.clients),
+                        CLIENT_SCOPE_KEY)
         web = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
 
         async def stop_on_signal() -> None:

@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
-from ..mcp import server_environment
 from .config import ServerConfig
 
-__all__ = ["Upstream", "UpstreamToolError", "result_value"]
+__all__ = ["BASE_ENV", "Upstream", "UpstreamToolError", "result_value", "upstream_environment"]
+
+# What a stdio upstream inherits of the gateway's environment without listing it: what a program
+# needs to find itself, its files and its locale. Never the rest (client tokens, undolog's key,
+# other servers' credentials, a proxy URL with a password): an upstream may be anyone's code.
+BASE_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR",
+    # Where the machine's CA certificates are (paths, not secrets: npx and pip behind a TLS proxy).
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    # Windows: what a process cannot start or find its profile without.
+    "SYSTEMROOT", "SYSTEMDRIVE", "COMSPEC", "PATHEXT", "WINDIR", "TEMP", "TMP", "USERPROFILE",
+    "APPDATA", "LOCALAPPDATA", "PROGRAMDATA", "PROGRAMFILES",
+)
+
+
+def upstream_environment(listed: Mapping[str, str] | None) -> dict[str, str]:
+    """A stdio upstream's environment: the base (``BASE_ENV`` and the ``LC_*`` locale) of ours,
+    and what its TOML entry lists (``env``), which wins."""
+    base = {k: v for k, v in os.environ.items() if k in BASE_ENV or k.startswith("LC_")}
+    return {**base, **(listed or {})}
 
 
 class UpstreamToolError(Exception):
@@ -85,15 +105,13 @@ class Upstream:
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
-        env = (
-            server_environment()
-            if self.config.env is None
-            else {**server_environment(), **self.config.env}
-        )
         command = self.config.command
         return stdio_client(
             StdioServerParameters(
-                command=command[0], args=list(command[1:]), env=env, cwd=self.config.cwd
+                command=command[0],
+                args=list(command[1:]),
+                env=upstream_environment(self.config.env),
+                cwd=self.config.cwd,
             )
         )
 
