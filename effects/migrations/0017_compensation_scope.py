@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('effects', '0015_run_fingerprint_named'),
+        ('effects', '0016_session_rolled_back_in'),
     ]
 
     operations = [
