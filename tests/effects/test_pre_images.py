@@ -107,7 +107,8 @@ def test_the_pre_image_is_kept_sealed_and_only_its_digest_shows(acme):
     assert SECRET not in response.content.decode()
 
     kept = PreImage.objects.get()
-    assert kept.value() == {"content": SECRET} and kept.size == len(json.dumps({"content": SECRET}, separators=(",", ":")))
+    assert kept.value() == {"content": SECRET}
+    assert kept.size == len(json.dumps({"content": SECRET}, separators=(",", ":")))
     # No table holds it in clear: every column of every row, as the database has it.
     with connection.cursor() as cursor:
         for table in connection.introspection.table_names():
@@ -257,9 +258,9 @@ def test_a_key_rotation_keeps_old_pre_images_restorable(acme):
     with override_settings(UNDOLOG_SEAL_KEY="key-two-0123456789", UNDOLOG_SEAL_KEYS_OLD=["key-one-0123456789"]):
         assert PreImage.objects.get().value() == {"content": SECRET}
         assert seal.unseal(seal.reseal(sealed)) == seal.unseal(sealed)
-    with override_settings(UNDOLOG_SEAL_KEY="key-two-0123456789", UNDOLOG_SEAL_KEYS_OLD=[]):
-        with pytest.raises(seal.SealError):
-            PreImage.objects.get().value()
+    with override_settings(UNDOLOG_SEAL_KEY="key-two-0123456789", UNDOLOG_SEAL_KEYS_OLD=[]), \
+            pytest.raises(seal.SealError):
+        PreImage.objects.get().value()
 
 
 # ---------------------------------------------------------------- dropping
