@@ -53,5 +53,5 @@ def after_image(pre: PreImage, effect_id: Any, args: dict[str, Any]) -> Flow:
         state = yield Local(pre.check or pre.read, (args,))
         yield Call("POST", f"/api/v1/effects/{effect_id}/after-image", {"digest": digest(state)})
     except Exception as exc:  # the call ran and committed: say so, go on
-        log.warning("effect %s: the after-image was not recorded (%s); its restore will not compare",
-                    effect_id, exc)
+        log.warning("effect %s: the after-image was not recorded (%s); its restore will not "
+                    "compare", effect_id, exc)

@@ -40,7 +40,15 @@ from typing import Any
 
 from .compensations import PermanentCompensationError
 
-__all__ = ["ABSENT", "PreImage", "PreImageError", "compare_and_restore", "digest", "handlers", "render"]
+__all__ = [
+    "ABSENT",
+    "PreImage",
+    "PreImageError",
+    "compare_and_restore",
+    "digest",
+    "handlers",
+    "render",
+]
 
 DEFAULT_MAX_BYTES = 256 * 1024
 # What a client sends at most: beyond it a pre-image is refused (the server's body limit is 1 MiB).
@@ -171,14 +179,22 @@ class PreImage:
     def __post_init__(self) -> None:
         if self.over_bound not in ("hold", "refuse"):
             raise ValueError("over_bound is 'hold' (a person decides) or 'refuse'")
-        if not 0 < self.max_bytes:
+        if self.max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
 
     @classmethod
-    def of_functions(cls, name: str, before: Callable[..., Any], restore: Callable[..., Any] | None, *,
-                     restore_absent: Callable[..., Any] | None = None, check: Callable[..., Any] | None = None,
-                     after: Callable[..., Any] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                     over_bound: str = "hold") -> PreImage:
+    def of_functions(
+        cls,
+        name: str,
+        before: Callable[..., Any],
+        restore: Callable[..., Any] | None,
+        *,
+        restore_absent: Callable[..., Any] | None = None,
+        check: Callable[..., Any] | None = None,
+        after: Callable[..., Any] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        over_bound: str = "hold",
+    ) -> PreImage:
         """The SDKs' form: plain functions taking the call's args by name (``restore`` and
         ``after`` also ``before=``)."""
         declaration: dict[str, Any] = {
@@ -193,10 +209,14 @@ class PreImage:
             declaration["after"] = {"fn": _name(after)}
         return cls(
             read=lambda args: _with_args(before, args),
-            restore=(lambda args, value: _with_args(restore, args, before=value)) if restore else None,
+            restore=(lambda args, value: _with_args(restore, args, before=value))
+            if restore
+            else None,
             declaration=declaration,
             check=(lambda args: _with_args(check, args)) if check else None,
-            restore_absent=(lambda args: _with_args(restore_absent, args)) if restore_absent else None,
+            restore_absent=(lambda args: _with_args(restore_absent, args))
+            if restore_absent
+            else None,
             after=(lambda args, value: _with_args(after, args, before=value)) if after else None,
             max_bytes=max_bytes, over_bound=over_bound,
         )
@@ -215,7 +235,8 @@ class PreImage:
 
 
 def _name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '') or ''}.{getattr(fn, '__qualname__', repr(fn))}".strip(".")[:200]
+    module = getattr(fn, "__module__", "") or ""
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}".strip(".")[:200]
 
 
 # -- compare-and-restore, one generator for both drivers -------------------------------------------
@@ -241,8 +262,8 @@ def restore_steps(pre: PreImage, kept: Mapping[str, Any] | None) -> Steps:
         return "already as it was before the call"
     if written and now != written:
         raise PermanentCompensationError(
-            f"changed since this run wrote it, not overwritten: this run wrote {written}, it is now "
-            f"{now} (before the run: {before}); a person decides")
+            f"changed since this run wrote it, not overwritten: this run wrote {written}, "
+            f"it is now {now} (before the run: {before}); a person decides")
     if kept.get("absent"):
         if pre.restore_absent is not None:
             yield (pre.restore_absent, (args,))
