@@ -18,7 +18,8 @@ the pre-image's value):
       "restore_absent": {"delete": "{path}"},   # or a call {"tool"|"fn", "args"}; null: nothing to do
       "check":   {"tool": "read_text_file", "args": {"path": "{path}"}},   # default: before
       "after":   {"content": "{content}"},  # what the call leaves, from its args; "read": read it again
-      "max_bytes": 1048576,                # per entry; at most UNDOLOG_PRE_IMAGE_MAX_BYTES
+      "compare": "value",                  # or "exists": the state is only whether it is there
+      "max_bytes": 262144,                 # per entry (the default); at most UNDOLOG_PRE_IMAGE_MAX_BYTES
       "over_bound": "hold"                 # or "refuse": never run without its undo
     }
 
@@ -36,7 +37,7 @@ from typing import Any
 from effects.templates import ANY_PLACEHOLDER, _parse, _strings
 
 OVER_BOUND = ("hold", "refuse")
-DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_BYTES = 256 * 1024  # the SDKs' default too
 NAME_MAX = 200
 
 
@@ -53,7 +54,8 @@ def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:
     """What is wrong with a `pre_image` declaration, by field (`pre_image.before.args`…); empty: fine."""
     if not isinstance(spec, dict):
         return {"pre_image": "An object with before and restore (see the README's Pre-images)."}
-    known = {"before", "absent_when", "restore", "restore_absent", "check", "after", "max_bytes", "over_bound"}
+    known = {"before", "absent_when", "restore", "restore_absent", "check", "after", "compare", "max_bytes",
+             "over_bound"}
     problems = {f"pre_image.{key}": "Unknown field." for key in sorted(set(spec) - known)}
     for key, roots in (("before", ()), ("check", ()), ("restore", ("before",))):
         if key in spec or key == "before":
@@ -78,6 +80,8 @@ def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:
     max_bytes = spec.get("max_bytes", DEFAULT_MAX_BYTES)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= server_max:
         problems["pre_image.max_bytes"] = f"An integer from 1 to {server_max} (UNDOLOG_PRE_IMAGE_MAX_BYTES)."
+    if spec.get("compare", "value") not in ("value", "exists"):
+        problems["pre_image.compare"] = "value (the read's whole answer) or exists (only whether it is there)."
     if spec.get("over_bound", "hold") not in OVER_BOUND:
         problems["pre_image.over_bound"] = "hold (a person decides) or refuse (the call fails without running)."
     return problems

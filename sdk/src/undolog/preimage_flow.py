@@ -17,8 +17,9 @@ log = logging.getLogger("undolog")
 Flow = Generator[Any, Any, Any]
 
 
-def keep(session: Any, tool: Any, pre: PreImage, effect: Mapping[str, Any],
-         args: dict[str, Any]) -> Flow:
+def keep(
+    session: Any, tool: Any, pre: PreImage, effect: Mapping[str, Any], args: dict[str, Any]
+) -> Flow:
     """Read the target, keep what is there on the server, and answer the effect to run: this one,
     or, after a hold over the bound, the same one once a person approved it and this caller
     started it. A failed read fails the effect (it never ran) and raises PreImageError."""
@@ -39,8 +40,9 @@ def keep(session: Any, tool: Any, pre: PreImage, effect: Mapping[str, Any],
     # Over its bound, held for a person: wait as for an irreversible call, then start it.
     settled = yield from session._settle(tool, answer, answer.get("effect") or {})
     if settled.get("state") == "approved" and not (yield from session._claim(settled)):
-        raise EffectInFlight(f"{tool.name}: another caller started this approved call; "
-                             "not running it twice")
+        raise EffectInFlight(
+            f"{tool.name}: another caller started this approved call; not running it twice"
+        )
     return {**effect, **settled}
 
 
@@ -53,5 +55,8 @@ def after_image(pre: PreImage, effect_id: Any, args: dict[str, Any]) -> Flow:
         state = yield Local(pre.check or pre.read, (args,))
         yield Call("POST", f"/api/v1/effects/{effect_id}/after-image", {"digest": digest(state)})
     except Exception as exc:  # the call ran and committed: say so, go on
-        log.warning("effect %s: the after-image was not recorded (%s); its restore will not "
-                    "compare", effect_id, exc)
+        log.warning(
+            "effect %s: the after-image was not recorded (%s); its restore will not compare",
+            effect_id,
+            exc,
+        )

@@ -103,7 +103,7 @@ def _lookup(name: str, roots: Mapping[str, Any]) -> Any:
     root = re.match(r"[A-Za-z_][A-Za-z0-9_]*", name).group(0)  # type: ignore[union-attr]
     if root not in roots:
         raise TemplateError(f"{{{name}}}: nothing named {root!r}")
-    return _walk(roots[root], [(k, i) for k, i in _STEP.findall(name[len(root):])], name)
+    return _walk(roots[root], [(k, i) for k, i in _STEP.findall(name[len(root) :])], name)
 
 
 def _walk(value: Any, steps: list[tuple[str, str]], name: str) -> Any:
@@ -111,7 +111,7 @@ def _walk(value: Any, steps: list[tuple[str, str]], name: str) -> Any:
         if index == "*":
             if not isinstance(value, list):
                 raise TemplateError(f"{{{name}}}: not a list")
-            return [_walk(item, steps[position + 1:], name) for item in value]
+            return [_walk(item, steps[position + 1 :], name) for item in value]
         if index:
             if not isinstance(value, list) or int(index) >= len(value):
                 raise TemplateError(f"{{{name}}}: no item {index}")
@@ -198,7 +198,10 @@ class PreImage:
         """The SDKs' form: plain functions taking the call's args by name (``restore`` and
         ``after`` also ``before=``)."""
         declaration: dict[str, Any] = {
-            "before": {"fn": _name(before)}, "max_bytes": max_bytes, "over_bound": over_bound}
+            "before": {"fn": _name(before)},
+            "max_bytes": max_bytes,
+            "over_bound": over_bound,
+        }
         if restore is not None:
             declaration["restore"] = {"fn": _name(restore)}
         if restore_absent is not None:
@@ -218,7 +221,8 @@ class PreImage:
             if restore_absent
             else None,
             after=(lambda args, value: _with_args(after, args, before=value)) if after else None,
-            max_bytes=max_bytes, over_bound=over_bound,
+            max_bytes=max_bytes,
+            over_bound=over_bound,
         )
 
     def body(self, args: Mapping[str, Any], state: Any) -> dict[str, Any]:
@@ -253,23 +257,28 @@ def restore_steps(pre: PreImage, kept: Mapping[str, Any] | None) -> Steps:
     if kept.get("dropped"):
         raise PermanentCompensationError(
             "the pre-image was dropped (the run's undo window passed); restore it by hand "
-            f"(before: {kept.get('before_digest')})")
+            f"(before: {kept.get('before_digest')})"
+        )
     args = kept.get("call_args") or {}
     current = yield (pre.check or pre.read, (args,))
     now = digest(current)
     before, written = kept.get("before_digest"), kept.get("after_digest")
-    if now == before:
-        return "already as it was before the call"
-    if written and now != written:
-        raise PermanentCompensationError(
-            f"changed since this run wrote it, not overwritten: this run wrote {written}, "
-            f"it is now {now} (before the run: {before}); a person decides")
+    # What this run wrote is checked first: a move's destination holds what its source held.
+    if not (written and now == written):
+        if now == before:
+            return "already as it was before the call"
+        if written:
+            raise PermanentCompensationError(
+                f"changed since this run wrote it, not overwritten: this run wrote {written}, "
+                f"it is now {now} (before the run: {before}); a person decides"
+            )
+        # No after-image: the call's outcome is unknown (a crash); it is put back as it was.
     if kept.get("absent"):
         if pre.restore_absent is not None:
             yield (pre.restore_absent, (args,))
         return "removed what the call created"
     if pre.restore is None:
-        raise PermanentCompensationError("the declaration has no restore for a target that existed")
+        return "nothing to restore: it was there before (an idempotent call)"
     yield (pre.restore, (args, kept.get("value")))
     return "restored"
 

@@ -52,6 +52,7 @@ from ..mcp import spec_for
 from ..session import _NO_OUTPUT, Session
 from ..tiers import ApprovalSpec, ToolSpec, ToolTier
 from .config import GatewayConfig, ServerConfig
+from .preimages import attach_pre_image, pre_image_runtimes, restorer
 from .upstream import Upstream, UpstreamToolError, reported_value, result_value
 
 __all__ = ["FAIL_RUN", "FINISH_RUN", "RUN_ARG", "START_RUN", "Caller", "Gateway", "Route"]
@@ -289,6 +290,8 @@ class Gateway:
             for comp in _compensations(server)
             if comp.tool
         }
+        # Tools undone by a pre-image (gateway/preimages.py): their runtimes, by restore function.
+        self.pre_images = pre_image_runtimes(self)
 
     # -- start and tool table ----------------------------------------------------------
 
@@ -306,6 +309,8 @@ class Gateway:
         await self._resume()
 
     async def _register_compensations(self) -> None:
+        for fn_name in self.pre_images:
+            await self.http.asend(_compensation_call(fn_name, "1.0.0", "agent", "", 5000))
         for server in self.config.servers:
             for comp in _compensations(server):
                 if comp.tool:
@@ -336,14 +341,9 @@ class Gateway:
                     else f"{server.name}_{tool.name}"
                 )
                 spec, why = tier_tool(server, tool, exposed)
-                routes[exposed] = Route(
-                    exposed,
-                    server.name,
-                    tool.name,
-                    tool,
-                    DeclaredTool(spec, _upstream_placeholder, None),
-                    why,
-                )
+                declared = DeclaredTool(spec, _upstream_placeholder, None)
+                spec, why = attach_pre_image(self, server, tool.name, declared, why)
+                routes[exposed] = Route(exposed, server.name, tool.name, tool, declared, why)
         if routes:
             await self.http.asend(
                 Call(
@@ -711,7 +711,8 @@ class Gateway:
                 # next gateway run it again. The lease bounds how long shutdown waits for it.
                 deadline = anyio.current_time() + self.config.claim_lease_s
                 with anyio.CancelScope(shield=True, deadline=deadline):
-                    await arun_one(self.http, entry, self._compensator(entry["fn_name"]))
+                    handler = restorer(self, entry) or self._compensator(entry["fn_name"])
+                    await arun_one(self.http, entry, handler)
             if not entries:
                 await anyio.sleep(self.config.claim_poll_s)
 
