@@ -15,10 +15,11 @@ the pre-image's value):
       "before":  {"tool": "read_text_file", "args": {"path": "{path}"}},   # or {"fn": "read_record"}
       "absent_when": "ENOENT",             # text in the before read's error: nothing was there
       "restore": {"tool": "write_file", "args": {"path": "{path}", "content": "{before.content}"}},
+                                           # or a list of calls, made in order
       "restore_absent": {"delete": "{path}"},   # or a call {"tool"|"fn", "args"}; null: nothing to do
       "check":   {"tool": "read_text_file", "args": {"path": "{path}"}},   # default: before
       "after":   {"content": "{content}"},  # what the call leaves, from its args; "read": read it again
-      "compare": "value",                  # or "exists": the state is only whether it is there
+      "compare": "value",                  # "unordered": lists as sets; "exists": only whether it is there
       "max_bytes": 262144,                 # per entry (the default); at most UNDOLOG_PRE_IMAGE_MAX_BYTES
       "over_bound": "hold"                 # or "refuse": never run without its undo
     }
@@ -58,7 +59,12 @@ def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:
              "over_bound"}
     problems = {f"pre_image.{key}": "Unknown field." for key in sorted(set(spec) - known)}
     for key, roots in (("before", ()), ("check", ()), ("restore", ("before",))):
-        if key in spec or key == "before":
+        if key == "restore" and isinstance(spec.get(key), list):  # calls made in order
+            if not 0 < len(spec[key]) <= 10:
+                problems["pre_image.restore"] = "One call, or a list of 1 to 10 calls made in order."
+            for n, call in enumerate(spec[key][:10]):
+                problems.update(_call_problems(call, f"pre_image.restore[{n}]", roots))
+        elif key in spec or key == "before":
             problems.update(_call_problems(spec.get(key), f"pre_image.{key}", roots))
     if "restore" not in spec and "restore_absent" not in spec:
         problems["pre_image.restore"] = "Say how to put the pre-image back (restore, or restore_absent)."
@@ -80,8 +86,9 @@ def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:
     max_bytes = spec.get("max_bytes", DEFAULT_MAX_BYTES)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= server_max:
         problems["pre_image.max_bytes"] = f"An integer from 1 to {server_max} (UNDOLOG_PRE_IMAGE_MAX_BYTES)."
-    if spec.get("compare", "value") not in ("value", "exists"):
-        problems["pre_image.compare"] = "value (the read's whole answer) or exists (only whether it is there)."
+    if spec.get("compare", "value") not in ("value", "exists", "unordered"):
+        problems["pre_image.compare"] = ("value (the read's whole answer), unordered (its lists as sets) or "
+                                         "exists (only whether it is there).")
     if spec.get("over_bound", "hold") not in OVER_BOUND:
         problems["pre_image.over_bound"] = "hold (a person decides) or refuse (the call fails without running)."
     return problems

@@ -158,3 +158,58 @@ def test_a_pre_image_over_the_bound_holds_the_call_for_a_person(files, acme):
     assert "over its bound of 262144" in approval.why[0]["message"]
     kept = PreImage.objects.get(entry__effect=effect)
     assert kept.held and kept.value() == {"content": big}  # its undo is kept before it may run
+
+
+# ---------------------------------------------------------------- the memory server's graph
+
+MEMORY = NPM / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / "index.js"
+
+
+def graph(path: Path) -> tuple[list, list]:
+    """The graph file as sets: entities (with their observations, in order) and relations."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
+    entities = sorted((r for r in rows if r["type"] == "entity"), key=key)
+    relations = sorted((r for r in rows if r["type"] == "relation"), key=key)
+    return entities, relations
+
+
+def test_a_rollback_puts_the_memory_graph_back(tmp_path, harness, filesystem_server, acme):
+    store = tmp_path / "memory.jsonl"
+    store.write_text("\n".join(json.dumps(row) for row in [
+        {"type": "entity", "name": "Ana", "entityType": "person", "observations": ["likes tea", "works at Acme"]},
+        {"type": "entity", "name": "Acme", "entityType": "company", "observations": []},
+        {"type": "relation", "from": "Ana", "to": "Acme", "relationType": "works_at"},
+    ]) + "\n")
+    before = graph(store)
+    gateway = harness()
+    gateway.config.write_text(gateway.config.read_text().split("[servers.tracker]")[0] + f"""
+[servers.memory]
+command = {json.dumps([shutil.which("node"), str(MEMORY)])}
+env = {{ MEMORY_FILE_PATH = {json.dumps(str(store))} }}
+preset = "memory"
+""")
+
+    async def scenario():
+        async with gateway.client() as client:
+            calls = [
+                ("create_entities", {"entities": [{"name": "Ben", "entityType": "person", "observations": ["new"]},
+                                                  {"name": "Ana", "entityType": "person", "observations": []}]}),
+                ("add_observations", {"observations": [{"entityName": "Ana", "contents": ["moved to Lyon"]}]}),
+                ("create_relations", {"relations": [{"from": "Ben", "to": "Ana", "relationType": "knows"}]}),
+                ("delete_observations", {"deletions": [{"entityName": "Ana", "observations": ["likes tea"]}]}),
+                ("delete_entities", {"entityNames": ["Acme"]}),
+            ]
+            for name, args in calls:
+                result = await client.call_tool(name, args)
+                assert not result.is_error, (name, text(result))
+            assert graph(store) != before
+            await client.call_tool("undolog_fail_run", {"reason": "wrong memories"})
+            await wait_for(lambda: state_of(acme) in ("compensated", "compensation_failed"))
+
+    anyio.run(scenario)
+
+    session = session_of(acme)
+    assert session.state == "compensated", "; ".join(f"{e.fn_name} {e.state} {e.last_error}" for e in
+                                                     UndoEntry.objects.filter(session=session))
+    assert graph(store) == before

@@ -74,12 +74,32 @@ FILESYSTEM: dict[str, dict[str, Any]] = {
     },
 }
 
-NODES = {"tool": "open_nodes", "args": {"names": "{entities[*].name}"}}
-GRAPH_RESTORE = {
-    "tool": "undolog_restore_graph",
-    "args": {"names": "{names}", "before": "{before}"},
+
+def _graph(names: str, **extra: Any) -> dict[str, Any]:
+    """A memory tool's declaration: the entities it names, read with their relations before the
+    call (``open_nodes``: every relation with an end among them), and put back by deleting them
+    (their relations go with them) and creating what was there again."""
+    return {
+        "before": {"tool": "open_nodes", "args": {"names": names}},
+        "compare": "unordered",
+        "restore": [
+            {"tool": "delete_entities", "args": {"entityNames": names}},
+            {"tool": "create_entities", "args": {"entities": "{before.entities}"}},
+            {"tool": "create_relations", "args": {"relations": "{before.relations}"}},
+        ],
+        "after": "read",  # what the graph holds after the call is not in its args
+        **extra,
+    }
+
+
+MEMORY: dict[str, dict[str, Any]] = {
+    "create_entities": _graph("{entities[*].name}"),
+    "add_observations": _graph("{observations[*].entityName}"),
+    "delete_observations": _graph("{deletions[*].entityName}"),
+    "delete_entities": _graph("{entityNames}"),
+    "create_relations": _graph("{relations[*].from}"),
+    "delete_relations": _graph("{relations[*].from}"),
 }
-MEMORY: dict[str, dict[str, Any]] = {}  # filled in by memory presets below when declared
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {"filesystem": FILESYSTEM, "memory": MEMORY}
 
@@ -104,6 +124,7 @@ def build(declaration: Mapping[str, Any], call: Call, roots: Callable[[], Any]) 
     """The runtime of a declaration: ``call(tool, args)`` is an upstream call (awaitable,
     answering the MCP result); ``roots()`` the directories a local delete may touch."""
     exists = declaration.get("compare") == "exists"
+    unordered = declaration.get("compare") == "unordered"
     absent_when = declaration.get("absent_when", "ENOENT")
 
     def reader(spec: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Any]:
@@ -117,16 +138,20 @@ def build(declaration: Mapping[str, Any], call: Call, roots: Callable[[], Any]) 
             if exists:
                 return True
             structured = getattr(result, "structured_content", None)
-            return structured if structured is not None else {"text": text_of(result)}
+            value = structured if structured is not None else {"text": text_of(result)}
+            return _unordered(value) if unordered else value
 
         return read
 
-    def caller(spec: Mapping[str, Any], with_before: bool) -> Callable[..., Any]:
+    def caller(spec: Any, with_before: bool) -> Callable[..., Any]:
+        calls = spec if isinstance(spec, list) else [spec]
+
         async def run(args: Mapping[str, Any], before: Any = None) -> None:
             roots_ = {**args, "before": before} if with_before else dict(args)
-            result = await call(spec["tool"], render(spec.get("args", {}), roots_))
-            if getattr(result, "is_error", False):
-                raise RuntimeError(f"{spec['tool']} failed: {text_of(result)[:500]}")
+            for one in calls:  # in order; a failure stops there and the entry is retried whole
+                result = await call(one["tool"], render(one.get("args", {}), roots_))
+                if getattr(result, "is_error", False):
+                    raise RuntimeError(f"{one['tool']} failed: {text_of(result)[:500]}")
 
         return run
 
@@ -160,6 +185,21 @@ def build(declaration: Mapping[str, Any], call: Call, roots: Callable[[], Any]) 
         max_bytes=int(declaration.get("max_bytes", 256 * 1024)),
         over_bound=declaration.get("over_bound", "hold"),
     )
+
+
+def _unordered(value: Any) -> Any:
+    """Every list of objects sorted by their canonical JSON: a state compared as sets (a graph
+    whose entities were put back in another order is the same graph)."""
+    import json
+
+    if isinstance(value, dict):
+        return {key: _unordered(item) for key, item in value.items()}
+    if isinstance(value, list):
+        items = [_unordered(item) for item in value]
+        if not all(isinstance(item, dict) for item in items):
+            return items  # a list of texts (an entity's observations) keeps its order
+        return sorted(items, key=lambda item: json.dumps(item, sort_keys=True, ensure_ascii=False))
+    return value
 
 
 async def _delete_inside(path: str, roots: list[str]) -> None:
