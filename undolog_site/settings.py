@@ -290,7 +290,8 @@ UNDOLOG_MAX_OUTPUT_BYTES = 256 * 1024
 # rotation. The bounds: one entry's (a declaration's max_bytes may only lower it) and one run's.
 UNDOLOG_SEAL_KEY = os.environ.get("UNDOLOG_SEAL_KEY", "")
 UNDOLOG_SEAL_KEYS_OLD = envlist("UNDOLOG_SEAL_KEYS_OLD", "")
-UNDOLOG_PRE_IMAGE_MAX_BYTES = envint("UNDOLOG_PRE_IMAGE_MAX_BYTES", str(4 * 1024 * 1024))
+# One entry's at most 900 KiB by default: it comes in one request (DATA_UPLOAD_MAX_MEMORY_SIZE).
+UNDOLOG_PRE_IMAGE_MAX_BYTES = envint("UNDOLOG_PRE_IMAGE_MAX_BYTES", str(900 * 1024))
 UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES = envint("UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES", str(64 * 1024 * 1024))
 UNDOLOG_RUN_FINGERPRINTS = 50_000
 
