@@ -71,7 +71,8 @@ class AfterImageSerializer(StrictSerializer):
 
 class EffectPreImageView(OrgScopedAPIView):
     permission_classes = [IsAgent]
-    queryset = Effect.objects.select_related("tool", "session", "session__org")
+    # One read: the effect, its tool's declaration, its undo entry and any pre-image kept already.
+    queryset = Effect.objects.select_related("tool", "undo_entry", "undo_entry__pre_image")
     not_found = ("effect_not_found", "No such effect.")
 
     def scope(self, queryset, caller):
@@ -108,27 +109,34 @@ class EffectAfterImageView(OrgScopedAPIView):
 
 
 def keep(effect: Effect, data: dict[str, Any], *, actor: str) -> tuple[int, dict[str, Any]]:
-    """Keep the pre-image of an `executing` call, or hold or refuse the call over its bound."""
+    """Keep the pre-image of an `executing` call, or hold or refuse the call over its bound.
+
+    Three statements on the way that keeps it (the read above, the run's lock with what it keeps
+    already, the insert): the cost bench/preimage.py measures."""
     declaration = effect.tool.pre_image if effect.tool is not None else None
     if not declaration:
         raise Conflict(f"{effect.tool_name} declares no before read.", code="no_pre_image_declared")
-    kept = PreImage.objects.filter(entry__effect=effect).first()
+    entry = getattr(effect, "undo_entry", None)
+    kept = getattr(entry, "pre_image", None) if entry is not None else None
     if kept is not None:
         # A retried request, or the approved call after a hold: one before read per call.
         return 200, _answer(effect, kept)
-    if effect.state != Effect.State.EXECUTING:
+    if effect.state != Effect.State.EXECUTING or entry is None:
         raise Conflict(f"The effect is {effect.state}: a pre-image is kept just before the call runs.",
                        code="effect_state_conflict", state=effect.state)
     entry_max, over_bound = preimages.declared_bound(declaration)
     hard_max = settings.UNDOLOG_PRE_IMAGE_MAX_BYTES
     state = None if data["absent"] else data["value"]
     size = data["size"] if data["over_bound"] else len(preimages.canonical(state))
+    sealed = seal(preimages.canonical({"value": state})) if not data["over_bound"] else b""  # outside the lock
+    kept_so_far = (PreImage.objects.filter(session=models.OuterRef("pk"), dropped_at__isnull=True)
+                   .order_by().values("session").annotate(n=models.Sum("size")).values("n"))
     with transaction.atomic():
         # The run's row, locked: two calls of one run keeping pre-images at once must not both fit
         # under the run's bound that only one of them fits under.
-        session = Session.objects.select_for_update().get(pk=effect.session_id)
-        used = PreImage.objects.kept().filter(session=session).aggregate(n=models.Sum("size"))["n"] or 0
-        over = _over(size, entry_max, used)
+        session = (Session.objects.select_for_update(of=("self",)).filter(pk=effect.session_id)
+                   .annotate(used=models.Subquery(kept_so_far)).only("id", "state", "org_id", "step_index").get())
+        over = _over(size, entry_max, session.used or 0)
         if data["over_bound"] or size > hard_max or (over and over_bound == "refuse"):
             why = over or f"{size} bytes"
             if size > hard_max:
@@ -142,11 +150,9 @@ def keep(effect: Effect, data: dict[str, Any], *, actor: str) -> tuple[int, dict
             refused = Conflict(message, code="pre_image_over_bound", size=size, bound=entry_max)
         else:
             refused = None
-            entry = UndoEntry.objects.get(effect=effect)
             kept = PreImage.objects.create(
-                entry=entry, session=session, sealed=seal(preimages.canonical({"value": state})), size=size,
-                absent=data["absent"], before_digest=preimages.digest(state), after_digest=data["after_digest"],
-                held=bool(over))
+                entry=entry, session_id=session.pk, sealed=sealed, size=size, absent=data["absent"],
+                before_digest=preimages.digest(state), after_digest=data["after_digest"], held=bool(over))
             if over:
                 return 202, _hold(effect, session, kept, over, actor)
     if refused is not None:
@@ -179,7 +185,6 @@ def _hold(effect: Effect, session: Session, kept: PreImage, over: str, actor: st
 
 
 def _answer(effect: Effect, kept: PreImage) -> dict[str, Any]:
-    effect.refresh_from_db(fields=["state"])
     decision = "execute" if effect.state == Effect.State.EXECUTING else effect.state
     return {"decision": decision, "effect": {"id": str(effect.id), "state": effect.state},
             "pre_image": kept.digests()}
