@@ -27,8 +27,12 @@ def remove(args):
     STORE.pop(args["path"], None)
 
 
-PRE = PreImage(read=read, restore=restore, restore_absent=remove,
-               after=lambda args, before: {"content": args["content"]})
+PRE = PreImage(
+    read=read,
+    restore=restore,
+    restore_absent=remove,
+    after=lambda args, before: {"content": args["content"]},
+)
 
 
 @pytest.fixture(autouse=True)
@@ -38,9 +42,13 @@ def _clean():
 
 
 def kept(before, wrote, *, absent=False, after=True):
-    return {"value": before, "absent": absent, "before_digest": digest(None if absent else before),
-            "after_digest": digest({"content": wrote}) if after else None,
-            "call_args": {"path": "f", "content": wrote}}
+    return {
+        "value": before,
+        "absent": absent,
+        "before_digest": digest(None if absent else before),
+        "after_digest": digest({"content": wrote}) if after else None,
+        "call_args": {"path": "f", "content": wrote},
+    }
 
 
 def test_what_this_run_wrote_is_restored():
@@ -53,13 +61,18 @@ def test_a_target_changed_since_is_left_to_a_person_with_both_digests():
     STORE["f"] = "theirs"
     with pytest.raises(PermanentCompensationError) as raised:
         compare_and_restore(PRE, kept({"content": "old"}, "mine"))
-    assert digest({"content": "mine"}) in str(raised.value) and digest({"content": "theirs"}) in str(raised.value)
+    assert digest({"content": "mine"}) in str(raised.value) and digest(
+        {"content": "theirs"}
+    ) in str(raised.value)
     assert STORE["f"] == "theirs" and DONE == []
 
 
 def test_a_crash_before_the_call_leaves_nothing_to_do():
     STORE["f"] = "old"  # the call never ran
-    assert compare_and_restore(PRE, kept({"content": "old"}, "mine")) == "already as it was before the call"
+    assert (
+        compare_and_restore(PRE, kept({"content": "old"}, "mine"))
+        == "already as it was before the call"
+    )
     assert DONE == []
 
 
@@ -74,7 +87,9 @@ def test_a_created_target_is_removed_and_a_second_run_of_the_entry_does_nothing(
     entry = kept(None, "new", absent=True)
     assert compare_and_restore(PRE, entry) == "removed what the call created"
     assert "f" not in STORE
-    assert compare_and_restore(PRE, entry) == "already as it was before the call"  # a lost report, run again
+    assert (
+        compare_and_restore(PRE, entry) == "already as it was before the call"
+    )  # a lost report, run again
     assert DONE == ["remove"]
 
 
@@ -90,10 +105,19 @@ def test_two_runs_on_one_file_each_restores_only_over_its_own_write():
 
 def test_a_move_whose_destination_holds_what_the_source_held_is_moved_back():
     moved = []
-    pre = PreImage(read=lambda a: {"content": "x"}, check=lambda a: {"content": "x"},
-                   restore=lambda a, before: moved.append(a), after=lambda a, before: before)
-    entry = {"value": {"content": "x"}, "absent": False, "before_digest": digest({"content": "x"}),
-             "after_digest": digest({"content": "x"}), "call_args": {"source": "s", "destination": "d"}}
+    pre = PreImage(
+        read=lambda a: {"content": "x"},
+        check=lambda a: {"content": "x"},
+        restore=lambda a, before: moved.append(a),
+        after=lambda a, before: before,
+    )
+    entry = {
+        "value": {"content": "x"},
+        "absent": False,
+        "before_digest": digest({"content": "x"}),
+        "after_digest": digest({"content": "x"}),
+        "call_args": {"source": "s", "destination": "d"},
+    }
     assert compare_and_restore(pre, entry) == "restored" and moved
 
 
@@ -107,9 +131,14 @@ def test_the_body_sends_the_value_or_only_its_size_when_it_must_be_refused():
     small = PreImage(read=read, restore=restore, max_bytes=10, over_bound="refuse")
     assert small.body({}, {"content": "x" * 50}) == {"size": 64, "over_bound": True}
     held = PreImage(read=read, restore=restore, max_bytes=10)
-    assert held.body({}, {"content": "x"})["value"] == {"content": "x"}  # hold: sent, the server holds
-    assert PRE.body({"content": "n"}, ABSENT) == {"value": None, "absent": True,
-                                                   "after_digest": digest({"content": "n"})}
+    assert held.body({}, {"content": "x"})["value"] == {
+        "content": "x"
+    }  # hold: sent, the server holds
+    assert PRE.body({"content": "n"}, ABSENT) == {
+        "value": None,
+        "absent": True,
+        "after_digest": digest({"content": "n"}),
+    }
 
 
 def test_digests_are_of_canonical_json():
@@ -120,11 +149,16 @@ def test_digests_are_of_canonical_json():
 def test_render_keeps_types_and_maps_lists():
     args = {"path": "p", "entities": [{"name": "A"}, {"name": "B"}], "before": {"content": "c"}}
     assert render({"names": "{entities[*].name}", "content": "{before.content}", "n": 3}, args) == {
-        "names": ["A", "B"], "content": "c", "n": 3}
+        "names": ["A", "B"],
+        "content": "c",
+        "n": 3,
+    }
 
 
 def test_the_decorator_declares_the_pre_image_and_its_restore_function():
-    @undolog_tool(tier=ToolTier.COMPENSABLE, before=lambda path: None, restore=lambda path, before: None)
+    @undolog_tool(
+        tier=ToolTier.COMPENSABLE, before=lambda path: None, restore=lambda path, before: None
+    )
     def write(path: str, content: str) -> None: ...
 
     body = write.undolog_spec.to_dict()
