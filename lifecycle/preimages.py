@@ -39,6 +39,7 @@ from core.seal import seal
 from core.validation import StrictSerializer, validated
 from effects import preimages
 from effects.models import Effect, PreImage, Session, UndoEntry
+from lifecycle import fastpath
 from orgs.auth import IsAgent
 from orgs.views import OrgScopedAPIView
 
@@ -200,3 +201,85 @@ def drop_expired(org_id: Any, window: timedelta, now=None) -> int:
     now = now or timezone.now()
     ended = Session.objects.filter(org_id=org_id, state__in=Session.TERMINAL, ended_at__lt=now - window)
     return PreImage.objects.kept().filter(session__in=ended).update(sealed=b"", dropped_at=now)
+
+
+# ---------------------------------------------------------------- the fast path (PostgreSQL)
+
+# What a before read's answer costs the server: keeping a pre-image within its bounds is one
+# prepared statement in autocommit (FastPathMiddleware, as the commit's: the remembered key, no
+# DRF), checking the key and the run as the view does, locking the run's row, summing what it
+# keeps and inserting. Everything else (a hold, a refusal, a retry, a bad body, an unknown key)
+# finds no row inserted and goes down to the view, which answers it in full.
+#
+# The run's sum is read in the statement's snapshot, taken before the lock is granted: two calls
+# of one run keeping pre-images at the same instant may together pass the run's bound by one
+# entry (the per-entry bound always holds). The view's path re-reads under the lock.
+_KEEP_SQL = f"""
+WITH e AS (
+    SELECT e.id, e.session_id, u.id AS entry_id, t.pre_image AS declaration
+    FROM effects_effect e
+    JOIN effects_session s ON s.id = e.session_id
+    JOIN orgs_agentkey k ON k.agent_id = s.agent_id
+    JOIN effects_undoentry u ON u.effect_id = e.id
+    JOIN effects_tool t ON t.id = e.tool_id
+    WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state = 'executing' AND t.pre_image IS NOT NULL
+      AND k.id = %(key)s AND {fastpath._live('k')}
+      AND NOT EXISTS (SELECT 1 FROM effects_preimage p WHERE p.entry_id = u.id)
+), run AS (
+    SELECT s.id FROM effects_session s JOIN e ON s.id = e.session_id FOR UPDATE OF s
+), used AS (
+    SELECT COALESCE(SUM(p.size), 0) AS n FROM effects_preimage p JOIN e ON p.session_id = e.session_id
+    WHERE p.dropped_at IS NULL
+), kept AS (
+    INSERT INTO effects_preimage (entry_id, session_id, sealed, size, absent, before_digest, after_digest, held,
+                                  created, dropped_at)
+    SELECT e.entry_id, e.session_id, %(sealed)s, %(size)s, %(absent)s, %(before)s, %(after)s, false, %(now)s, NULL
+    FROM e, run, used
+    WHERE %(size)s <= LEAST(COALESCE((e.declaration ->> 'max_bytes')::int, %(default_max)s), %(hard_max)s)
+      AND used.n + %(size)s <= %(run_max)s
+    RETURNING id
+)
+SELECT id FROM kept
+"""
+_FAST_FIELDS = frozenset({"value", "absent", "after_digest"})
+
+
+def fast_keep(request, effect_id: str):
+    """The answer to a pre-image that fits its bounds, or None for the view to give it."""
+    import re
+    import uuid
+
+    from lifecycle.fastpath import _json_body, _remembered_key, _respond
+    from orgs.models import AgentKey
+
+    key = _remembered_key(request)
+    data = _json_body(request) if key is not None else None
+    if not isinstance(data, dict) or set(data) - _FAST_FIELDS:
+        return None
+    absent, after = data.get("absent", False), data.get("after_digest", "")
+    if not isinstance(absent, bool) or not isinstance(after, str) or (after and not re.fullmatch(DIGEST[1:-1], after)):
+        return None
+    if absent and data.get("value") is not None:
+        return None
+    try:
+        effect_uuid = uuid.UUID(effect_id)
+    except ValueError:
+        return None
+    config = fastpath.OrgConfig.of(key.org_id)
+    refused = config.rate_limited(request, key) if config else None
+    if refused is not None:
+        return refused
+    state = None if absent else data.get("value")
+    body = preimages.canonical(state)
+    AgentKey.touch_remembered(key)
+    row = fastpath.execute(_KEEP_SQL, {
+        "effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": timezone.now(),
+        "sealed": seal(preimages.canonical({"value": state})), "size": len(body), "absent": absent,
+        "before": preimages.digest(state), "after": after, "default_max": preimages.DEFAULT_MAX_BYTES,
+        "hard_max": settings.UNDOLOG_PRE_IMAGE_MAX_BYTES, "run_max": settings.UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES})
+    if row is None or row[0] is None:
+        return None
+    digests = {"before_digest": preimages.digest(state), "after_digest": after or None, "size": len(body),
+               "absent": absent, "dropped": False}
+    return _respond(201, {"decision": "execute", "effect": {"id": str(effect_uuid), "state": Effect.State.EXECUTING},
+                          "pre_image": digests})

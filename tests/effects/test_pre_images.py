@@ -283,3 +283,24 @@ def test_retention_drops_the_pre_images_of_ended_runs_after_the_undo_window(acme
     dropped = PreImage.objects.get(session_id=done)
     assert dropped.dropped_at and bytes(dropped.sealed) == b"" and dropped.before_digest
     assert PreImage.objects.get(session_id=going).value() == {"content": SECRET}  # still running: kept
+
+
+def test_keeping_one_within_its_bounds_is_one_statement_on_postgresql(acme):
+    from django.test.utils import CaptureQueriesContext
+
+    register(acme)
+    session_id = open_session(acme)
+    effect = call(acme, session_id, 1)
+    keep(acme, call(acme, session_id, 2, "warm"), value={"content": "x"})  # the key is remembered now
+    with CaptureQueriesContext(connection) as queries:
+        response = keep(acme, effect, value={"content": SECRET}, after_digest=digest({"content": "new"}))
+    assert response.status_code == 201, response.content
+    assert response.json() == {"decision": "execute", "effect": {"id": effect["id"], "state": "executing"},
+                               "pre_image": {"before_digest": digest({"content": SECRET}),
+                                             "after_digest": digest({"content": "new"}), "size": 44,
+                                             "absent": False, "dropped": False}}
+    kept = PreImage.objects.get(entry__effect_id=effect["id"])
+    assert kept.value() == {"content": SECRET} and not kept.held and kept.session_id == kept.entry.session_id
+    statements = [q["sql"] for q in queries.captured_queries if "effects_preimage" in q["sql"]]
+    # PostgreSQL: the fast path's one statement; SQLite: the view's read, sum and insert.
+    assert len(statements) == (1 if connection.vendor == "postgresql" else 3), statements
