@@ -108,7 +108,8 @@ class FastPathMiddleware:
     gives the full pipeline's answer; so does every request on SQLite.
 
     The intercept's span and metrics (core/observe.py) are taken here, around whichever path
-    answers, so that each intercept is observed once."""
+    answers, so that each intercept is observed once. A pre-image within its bounds
+    (`POST /api/v1/effects/{id}/pre-image`, lifecycle/preimages.py) takes the same road."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
