@@ -210,3 +210,39 @@ def test_a_tool_table_sets_labels_and_untrusted_fields_for_run_aware_rules():
     assert spec.untrusted_fields == ("body",)
     with pytest.raises(ConfigError, match="labels must be a list of strings"):
         parse_config(with_tool(labels="untrusted"))
+
+
+def test_a_preset_and_a_per_tool_pre_image_make_tools_undone_by_pre_image():
+    from undolog.gateway.preimages import declarations
+
+    read = {"tool": "get_row", "args": {"id": "{id}"}}
+    config = parse_config(
+        {
+            "servers": {
+                "files": {"command": "npx server-filesystem /srv", "preset": "filesystem",
+                          "tools": {"edit_file": {"tier": "irreversible"}}},
+                "db": {"command": "db-mcp", "tools": {"update_row": {
+                    "tier": "compensable",
+                    "pre_image": {"before": read, "restore": {"tool": "put_row", "args": {}}}}}},
+            }
+        }
+    )
+    files, db = config.servers
+    assert files.preset == "filesystem"
+    # edit_file: its tier set by hand wins over the preset
+    assert set(declarations(files)) == {"write_file", "move_file", "create_directory"}
+    assert declarations(db)["update_row"]["before"] == read
+    assert db.tools["update_row"].tier is None  # COMPENSABLE by its pre-image, no inverse needed
+
+
+@pytest.mark.parametrize(
+    "server, message",
+    [
+        ({"command": "x", "preset": "s3"}, "preset is one of"),
+        ({"url": "https://mcp.example.com/mcp", "preset": "filesystem"}, "stdio server"),
+        ({"command": "x", "tools": {"t": {"pre_image": "read first"}}}, "pre_image = "),
+    ],
+)
+def test_a_bad_preset_or_pre_image_is_a_clear_config_error(server, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"servers": {"s": server}})
