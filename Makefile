@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt sdk/pyproject.toml | cksum | cut -d" " -f1)
 PORT ?= 8000
 
-.PHONY: run worker test lint check schema extras bench demo browser clean test-js check-js bench-js demo-js image container-test kube-check nemesis nemesis-short nemesis-tools
+.PHONY: run worker test lint check schema extras bench demo browser clean test-js check-js gateway-npm bench-js demo-js image container-test kube-check nemesis nemesis-short nemesis-tools
 
 $(STAMP): requirements.txt sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,11 @@ JS_STAMP := sdk-js/node_modules/.installed-$(shell cat sdk-js/package-lock.json 
 $(JS_STAMP): sdk-js/package.json sdk-js/package-lock.json
 	cd sdk-js && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The real MCP servers the gateway's pre-image presets are tested against (tests/gateway/npm:
+# @modelcontextprotocol/server-filesystem and server-memory, locked); the tests install them too.
+gateway-npm:
+	cd tests/gateway/npm && npm ci --no-audit --no-fund --loglevel=error
 
 # Its tests against a real server of their own (test/server.py: a fresh database, DATABASE_URL and REDIS_URL honoured).
 test-js: $(STAMP) $(JS_STAMP)

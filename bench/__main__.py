@@ -9,7 +9,7 @@ import sys
 BENCHMARKS = ["bench.hotpath", "bench.throughput", "bench.push", "bench.intercept", "bench.run_aware", "bench.undo",
               "bench.rollback",
               "bench.dashboard", "bench.size", "bench.sdk_safe", "bench.agentdojo", "bench.gateway",
-              "bench.observability", "bench.soak"]
+              "bench.observability", "bench.preimage", "bench.soak"]
 
 
 def main() -> int:

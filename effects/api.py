@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
@@ -18,7 +19,7 @@ from core.errors import Conflict, Invalid
 from core.outbound import check_target
 from core.schema import constrain, errors, ok
 from core.validation import StrictSerializer, StringField, validated
-from effects import shapes
+from effects import preimages, shapes
 from effects.models import (
     SEMVER,
     CompensationFunction,
@@ -166,6 +167,11 @@ class ToolSerializer(StrictSerializer):
     irreversible = serializers.BooleanField(required=False, allow_null=True, default=None)
     annotations = AnnotationsSerializer(required=False)
     compensation = CompensationDescriptorSerializer(required=False, allow_null=True)
+    pre_image = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="A compensable tool's before read and restore (effects/preimages.py): "
+                  '{"before": {"tool", "args"}, "restore": {"tool", "args"}, "absent_when", "restore_absent", '
+                  '"check", "after", "max_bytes", "over_bound": "hold"|"refuse"}.')
     approval = ApprovalMetaSerializer(required=False, allow_null=True)
     executor = ExecutorSerializer(required=False, allow_null=True)
 
@@ -176,6 +182,13 @@ class ToolSerializer(StrictSerializer):
                                                                 "descriptor (fn_name, fn_version, args)."]})
         if tier != Tier.COMPENSABLE and attrs.get("compensation"):
             raise serializers.ValidationError({"compensation": [f"A {tier} tool has no compensation."]})
+        if attrs.get("pre_image") is not None:
+            if tier != Tier.COMPENSABLE:
+                raise serializers.ValidationError({"pre_image": [f"Only compensable tools take a pre-image, not "
+                                                                 f"{tier} ones."]})
+            problems = preimages.declaration_problems(attrs["pre_image"], settings.UNDOLOG_PRE_IMAGE_MAX_BYTES)
+            if problems:
+                raise serializers.ValidationError({key: [message] for key, message in problems.items()})
         if tier == Tier.IRREVERSIBLE and not (attrs.get("approval") or {}).get("reason", "").strip():
             raise serializers.ValidationError({"approval": ["An irreversible tool needs approval.reason "
                                                             "(shown to the reviewer)."]})
@@ -215,6 +228,8 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
                                 "fn_version": tool.compensation_fn.fn_version,
                                 "args": tool.compensation_args, "max_retries": tool.max_retries,
                                 "retry_backoff_ms": tool.retry_backoff_ms}
+        if tool.pre_image is not None:
+            body["pre_image"] = tool.pre_image
     if tool.tier == Tier.IRREVERSIBLE:
         body["approval"] = {"reason": tool.approval_reason, "risk_tags": tool.risk_tags,
                             "estimated_impact": tool.estimated_impact, "timeout_s": tool.approval_timeout_s,
@@ -239,6 +254,7 @@ def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -
         "compensation_args": compensation.get("args", {}),
         "max_retries": compensation.get("max_retries", 3),
         "retry_backoff_ms": compensation.get("retry_backoff_ms", 1000),
+        "pre_image": spec.get("pre_image"),
         "approval_reason": approval.get("reason", ""), "risk_tags": approval.get("risk_tags", []),
         "estimated_impact": approval.get("estimated_impact", ""),
         "approval_timeout_s": approval.get("timeout_s"),

@@ -222,6 +222,9 @@ class Tool(models.Model):
                   '(rendered at commit; an entry it cannot render goes to a person at once).')
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff_ms = models.PositiveIntegerField(default=1000)
+    # A before read and a restore: the undo of a tool that has none (effects/preimages.py).
+    pre_image = models.JSONField(null=True, blank=True,
+                                 help_text="before/restore declaration; the agent side reads and restores.")
     # Irreversible tools
     approval_reason = models.TextField(blank=True)
     risk_tags = models.JSONField(default=list, blank=True)
@@ -969,3 +972,52 @@ class UndoAttempt(models.Model):
                 "duration_ms": self.duration_ms, "outcome": self.outcome,
                 "status_code": self.status_code, "error": self.error or None,
                 "retry_delay_ms": self.retry_delay_ms}
+
+
+class PreImageQuerySet(models.QuerySet):
+    def kept(self) -> PreImageQuerySet:
+        return self.filter(dropped_at__isnull=True)
+
+
+class PreImage(models.Model):
+    """What was there before one call of a tool that declares a before read (effects/preimages.py):
+    sealed at rest with the server's key (core/seal.py), kept with the call's undo entry only while
+    its run can still be undone, then dropped (`sealed` emptied, the digests stay). Never in an
+    event, a webhook or an export: only its digests are.
+
+    `before_digest` is the target's state before the call; `after_digest` what the call left (from
+    the declaration's `after`, or a read after the call), so that a restore puts the pre-image back
+    only over what this run wrote (a compare-and-restore). `held`: over its bound, a person decided."""
+
+    entry = models.OneToOneField(UndoEntry, on_delete=models.CASCADE, related_name="pre_image", editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="pre_images", editable=False,
+                                db_index=False)  # pre_image_run below leads with it
+    sealed = models.BinaryField(editable=False)
+    size = models.PositiveIntegerField(editable=False, help_text="Bytes of the value's canonical JSON.")
+    absent = models.BooleanField(default=False, editable=False)
+    before_digest = models.CharField(max_length=71, editable=False)
+    after_digest = models.CharField(max_length=71, blank=True)
+    held = models.BooleanField(default=False, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    dropped_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PreImageQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["session"], name="pre_image_run", condition=models.Q(dropped_at__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"pre-image of {self.entry_id} ({self.size} bytes{', dropped' if self.dropped_at else ''})"
+
+    def value(self) -> Any:
+        """The pre-image (None when absent); raises when it was dropped."""
+        from core.seal import unseal
+
+        if self.dropped_at is not None:
+            raise Conflict("This pre-image was dropped (its run can no longer be undone).", code="pre_image_dropped")
+        return json.loads(unseal(self.sealed))["value"]
+
+    def digests(self) -> dict[str, Any]:
+        """What events, webhooks, the audit chain and exports may carry of a pre-image."""
+        return {"before_digest": self.before_digest, "after_digest": self.after_digest or None,
+                "size": self.size, "absent": self.absent, "dropped": self.dropped_at is not None}

@@ -57,6 +57,7 @@ class ToolDict(TypedDict):
     irreversible: bool
     annotations: dict[str, Any]
     compensation: NotRequired[ToolCompensationDict]
+    pre_image: NotRequired[dict[str, Any]]
     approval: NotRequired[ToolApprovalDict]
     executor: NotRequired[ToolExecutorDict]
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from core.errors import Conflict
 from effects import handlers
-from effects.models import CompensationFunction, Effect, Session, UndoEntry
+from effects.models import CompensationFunction, Effect, PreImage, Session, UndoEntry
 from lifecycle import tasks, undo
 from orgs.models import Agent
 
@@ -152,5 +152,16 @@ def claim_dict(entry: UndoEntry) -> dict[str, Any]:
     return {"id": str(entry.id), "fn_name": entry.fn_name, "fn_version": entry.fn_version, "args": entry.args,
             "attempt": entry.attempts, "lease_expires_at": entry.lease_until.isoformat(),
             "session": str(entry.session_id), "effect": str(entry.effect_id), "tool": entry.effect.tool_name,
-            "step_index": entry.step_index, "scope": entry.fn.scope}
+            "step_index": entry.step_index, "scope": entry.fn.scope, **_pre_image(entry)}
+
+
+def _pre_image(entry: UndoEntry) -> dict[str, Any]:
+    """A claimed entry's pre-image, unsealed for the claimer alone (it restores it), with the call's
+    args its restore templates read and the digests its compare-and-restore checks (issue 42)."""
+    kept = PreImage.objects.filter(entry=entry).first()
+    if kept is None:
+        return {}
+    if kept.dropped_at is not None:  # past the undo window: the claimer sends it to a person
+        return {"pre_image": kept.digests()}
+    return {"pre_image": {"value": kept.value(), **kept.digests(), "call_args": entry.effect.args_to_run}}
 

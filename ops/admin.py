@@ -5,7 +5,7 @@ from ops.models import AuditChain, AuditRecord, Retention
 
 @admin.register(Retention)
 class RetentionAdmin(admin.ModelAdmin):
-    list_display = ("org", "safe_call_days", "transition_days", "event_days", "session_days")
+    list_display = ("org", "safe_call_days", "transition_days", "event_days", "session_days", "undo_window_hours")
 
 
 @admin.register(AuditChain)

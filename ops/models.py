@@ -77,6 +77,11 @@ class Retention(models.Model):
                                              help_text="Events (audit-worthy ones only once sealed).")
     session_days = models.PositiveIntegerField(default=DEFAULTS["session_days"], validators=DAYS,
                                                help_text="Closed sessions, with their effects and undo entries.")
+    # Pre-images (issue 42, lifecycle/preimages.py) are kept while a run can still be undone: until
+    # this long after it ended (completed, halted, compensated); then they are dropped, digests kept.
+    undo_window_hours = models.PositiveIntegerField(
+        default=72, validators=[MinValueValidator(1), MaxValueValidator(24 * 366)],
+        help_text="How long after a run ended its pre-images are kept (an admin may still undo it).")
 
     def __str__(self) -> str:
         return f"retention of {self.org_id}"

@@ -29,7 +29,17 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from effects.models import Effect, EffectTransition, SafeCall, Session, SessionTransition, UndoAttempt, UndoEntry
+from effects.models import (
+    Effect,
+    EffectTransition,
+    PreImage,
+    SafeCall,
+    Session,
+    SessionTransition,
+    UndoAttempt,
+    UndoEntry,
+)
+from lifecycle import preimages
 from ops.audit import audited
 from ops.models import AuditRecord, Retention
 from orgs.models import Event, Organization
@@ -86,12 +96,22 @@ def purge(org: Organization, *, dry_run: bool = False, now: datetime | None = No
     now = now or timezone.now()
     retention = Retention.of(org)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
-    counts = {}
+    counts = {"pre_images": _drop_pre_images(org, retention, now, dry_run)}
     for target in TARGETS:
         before = now - timedelta(days=getattr(retention, target.days))
         rows = target.rows(org, before)
         counts[target.name] = rows.count() if dry_run else _archive_and_delete(org, target, rows, stamp)
     return counts
+
+
+def _drop_pre_images(org: Organization, retention: Retention, now: datetime, dry_run: bool) -> int:
+    """Pre-images of runs past the org's undo window are dropped, never archived: sealed content
+    is no export's (a deleted session takes the rest with it, by cascade, unarchived)."""
+    window = timedelta(hours=retention.undo_window_hours)
+    if dry_run:
+        ended = Session.objects.filter(org=org, state__in=Session.TERMINAL, ended_at__lt=now - window)
+        return PreImage.objects.kept().filter(session__in=ended).count()
+    return preimages.drop_expired(org.pk, window, now)
 
 
 def _archive_and_delete(org: Organization, target: Target, rows: models.QuerySet, stamp: str) -> int:

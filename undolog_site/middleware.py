@@ -12,7 +12,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from core import logs, observe
-from lifecycle import fastpath
+from lifecycle import fastpath, preimages
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class ContentSecurityPolicyMiddleware:
 
 _INTERCEPT = re.compile(r"/api/v1/sessions/([^/]+)/intercept")
 _COMMIT = re.compile(r"/api/v1/effects/([^/]+)/commit")
+_PRE_IMAGE = re.compile(r"/api/v1/effects/([^/]+)/pre-image")  # lifecycle/preimages.py
 
 
 class FastPathMiddleware:
@@ -107,7 +108,8 @@ class FastPathMiddleware:
     gives the full pipeline's answer; so does every request on SQLite.
 
     The intercept's span and metrics (core/observe.py) are taken here, around whichever path
-    answers, so that each intercept is observed once."""
+    answers, so that each intercept is observed once. A pre-image within its bounds
+    (`POST /api/v1/effects/{id}/pre-image`, lifecycle/preimages.py) takes the same road."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -123,6 +125,9 @@ class FastPathMiddleware:
             found = _COMMIT.fullmatch(path)
             if found:
                 return self._answer(request, fastpath.commit, found[1])
+            found = _PRE_IMAGE.fullmatch(path)
+            if found:
+                return self._answer(request, preimages.fast_keep, found[1])
         return self.get_response(request)
 
     def _answer(self, request: HttpRequest, fast, pk: str) -> HttpResponse:

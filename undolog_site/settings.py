@@ -285,6 +285,14 @@ UNDOLOG_MAX_ARGS_BYTES = 256 * 1024
 # Run-aware policy (effects/outputs.py): a reported SAFE output (or a run's inputs) up to 256 KiB of
 # JSON; fingerprints kept per run up to this many (past it tainted() fails closed).
 UNDOLOG_MAX_OUTPUT_BYTES = 256 * 1024
+# Pre-images (issue 42, effects/preimages.py): what a compensable tool's `before` read found,
+# sealed at rest (core/seal.py) with UNDOLOG_SEAL_KEY; UNDOLOG_SEAL_KEYS_OLD still unseal after a
+# rotation. The bounds: one entry's (a declaration's max_bytes may only lower it) and one run's.
+UNDOLOG_SEAL_KEY = os.environ.get("UNDOLOG_SEAL_KEY", "")
+UNDOLOG_SEAL_KEYS_OLD = envlist("UNDOLOG_SEAL_KEYS_OLD", "")
+# One entry's at most 900 KiB by default: it comes in one request (DATA_UPLOAD_MAX_MEMORY_SIZE).
+UNDOLOG_PRE_IMAGE_MAX_BYTES = envint("UNDOLOG_PRE_IMAGE_MAX_BYTES", str(900 * 1024))
+UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES = envint("UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES", str(64 * 1024 * 1024))
 UNDOLOG_RUN_FINGERPRINTS = 50_000
 
 REST_FRAMEWORK = {

@@ -106,6 +106,13 @@ export class Undolog {
     const names = specs.map((spec) => spec.name);
     const twice = [...new Set(names.filter((name, i) => names.indexOf(name) !== i))].sort();
     if (twice.length) throw new TypeError(`tools registered twice in one call: ${JSON.stringify(twice)}`);
+    // Tools undone by a pre-image: their agent-handler restore first (served by serveCompensations).
+    for (const spec of specs) {
+      if (spec.preImage && spec.compensation) {
+        await this.registerCompensation({ fnName: spec.compensation.fnName, fnVersion: spec.compensation.fnVersion ?? "1.0.0",
+          handler: "agent" });
+      }
+    }
     const answer = await this.http.send({ method: "POST", path: "/api/v1/tools", body: { tools: specs.map((s) => s.toDict()) } });
     return (answer["tools"] ?? []) as Body[];
   }

@@ -34,6 +34,9 @@ export interface CompensationContext {
   session: unknown;
   effect: unknown;
   leaseExpiresAt: string;
+  /** A pre-image tool's entry: what was there before the call, the call's args, the digests
+   * of the compare-and-restore (preimages.ts). Undefined for other entries. */
+  preImage?: unknown;
   /** Aborted when `serveCompensations`' signal is. */
   signal: AbortSignal | undefined;
 }
@@ -64,6 +67,7 @@ interface Entry {
   session?: unknown;
   effect?: unknown;
   lease_expires_at: string;
+  pre_image?: unknown;
 }
 
 export async function claim(http: Http, limit = 10, leaseS = 30, scopes?: string[]): Promise<Entry[]> {
@@ -91,6 +95,7 @@ export async function runOne(http: Http, entry: Entry, handlers: Record<string, 
     await handler({ ...entry.args }, {
       idempotencyKey: entry.id, attempt: entry.attempt, fnName: entry.fn_name, fnVersion: entry.fn_version,
       session: entry.session, effect: entry.effect, leaseExpiresAt: entry.lease_expires_at, signal,
+      preImage: entry.pre_image,
     });
   } catch (error) {
     ok = false;

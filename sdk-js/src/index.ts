@@ -54,4 +54,14 @@ export {
   type ToolDeclaration,
   type ToolTier,
 } from "./tiers.js";
+export {
+  ABSENT,
+  PreImageError,
+  compareAndRestore,
+  digest,
+  preImageHandlers,
+  type KeptPreImage,
+  type PreImage,
+  type PreImageOptions,
+} from "./preimages.js";
 export { specOf, undologTool, type DeclaredTool, type ToolArgs, type ToolOptions, type UndologTool } from "./tool.js";

@@ -27,6 +27,7 @@ import {
   describe,
 } from "./errors.js";
 import { type Call, type Http, unwrapResult, wrapResult } from "./http.js";
+import { type PreImage, PreImageError, digest, preImageBody } from "./preimages.js";
 import type { DeclaredTool, ToolArgs } from "./tool.js";
 
 /** Handed to `onWait` while an irreversible call waits for a reviewer. */
@@ -338,7 +339,7 @@ export class Session {
     let effect = (answer["effect"] ?? {}) as Effect;
     const decision = answer["decision"];
     if ((decision === "rejected" || decision === "expired") && !effect["state"]) effect = { ...effect, state: decision };
-    if (decision === "execute") return await this.runEffect(effect, args, run);
+    if (decision === "execute") return await this.runEffect(effect, args, run, tool, signal, hold);
     effect = await this.settle(tool, answer, effect, false, signal, hold);
     if (effect["state"] === "approved" && !(await this.claim(effect))) {
       // Another caller started it first: its outcome is this call's outcome.
@@ -346,7 +347,7 @@ export class Session {
       effect = await this.settle(tool, answer, (answer["effect"] ?? {}) as Effect, true, signal, hold);
     }
     if (effect["state"] === "committed") return { result: unwrapResult(effect["result"]), edited: editedArgs(effect) };
-    return await this.runEffect(effect, args, run);
+    return await this.runEffect(effect, args, run, tool, signal, hold);
   }
 
   /** @internal The intercept alone (the adapters' approval flows send it before the framework asks). */
@@ -457,9 +458,52 @@ export class Session {
     return true;
   }
 
-  private async runEffect(effect: Effect, args: ToolArgs, run: Runner): Promise<Outcome> {
+  private async runEffect(effect: Effect, args: ToolArgs, run: Runner, tool?: DeclaredTool<any>,
+    signal?: AbortSignal, hold?: OnHold): Promise<Outcome> {
     const id = String(effect["id"]);
     if (effect["tier"] === "compensable") this.undoable.add(id); // its undo entry is pushed before it runs
+    const pre = effect["tier"] === "compensable" ? tool?.preImage : undefined;
+    if (pre && tool) effect = await this.keepPreImage(tool, pre, effect, editedArgs(effect) ?? args, signal, hold);
+    const outcome = await this.runEffectNow(effect, args, run);
+    if (pre && !pre.options.after) await this.afterImage(pre, id, editedArgs(effect) ?? args);
+    return outcome;
+  }
+
+  /** The before read, kept on the server before the call runs; over its bound with `hold`, the
+   * call waits for a person first (then this caller starts it). A failed read fails the effect. */
+  private async keepPreImage(tool: DeclaredTool<any>, pre: PreImage, effect: Effect, args: ToolArgs,
+    signal?: AbortSignal, hold?: OnHold): Promise<Effect> {
+    const id = String(effect["id"]);
+    let state: unknown;
+    try {
+      state = await pre.options.before(args);
+    } catch (error) {
+      const why = `not run: its before read failed (${describe(error)})`;
+      await this.reportFailure(id, new PreImageError(why));
+      throw new PreImageError(`${tool.spec.name} was ${why}; a call never runs without its undo`);
+    }
+    const body = await preImageBody(pre, args, state);
+    const answer = await this.http.send({ method: "POST", path: `/api/v1/effects/${id}/pre-image`, body });
+    if (answer["decision"] === "execute") return effect;
+    const settled = await this.settle(tool, answer, (answer["effect"] ?? {}) as Effect, false, signal, hold);
+    if (settled["state"] === "approved" && !(await this.claim(settled))) {
+      throw new EffectInFlight(`${tool.spec.name}: another caller started this approved call; not running it twice`);
+    }
+    return { ...effect, ...settled };
+  }
+
+  /** What the call left, read again, its digest recorded (a tool whose args do not say it). */
+  private async afterImage(pre: PreImage, id: string, args: ToolArgs): Promise<void> {
+    try {
+      const state = await (pre.options.check ?? pre.options.before)(args);
+      await this.http.send({ method: "POST", path: `/api/v1/effects/${id}/after-image`, body: { digest: await digest(state) } });
+    } catch (error) {
+      this.logger.warn(`effect ${id}: the after-image was not recorded (${describe(error)}); its restore will not compare`);
+    }
+  }
+
+  private async runEffectNow(effect: Effect, args: ToolArgs, run: Runner): Promise<Outcome> {
+    const id = String(effect["id"]);
     const edited = editedArgs(effect);
     if (edited) {
       this.logger.info(`${effect["tool"]} runs with the args a reviewer edited before approving (effect ${id})`);

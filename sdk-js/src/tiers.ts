@@ -69,6 +69,8 @@ export interface ToolDeclaration {
   untrusted_fields?: readonly string[];
   /** The argument names, when known: templates naming another one throw at definition. */
   parameters?: readonly string[];
+  /** @internal A before read's declaration as the server keeps it (set by `undologTool`'s `before`). */
+  preImageDeclaration?: Record<string, unknown>;
 }
 
 const SEMVER = /^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$/;
@@ -87,6 +89,7 @@ export class ToolSpec {
   readonly executor: Record<string, unknown> | undefined;
   readonly labels: readonly string[];
   readonly untrustedFields: readonly string[];
+  readonly preImage: Record<string, unknown> | undefined;
 
   constructor(declaration: ToolDeclaration) {
     this.name = declaration.name;
@@ -100,6 +103,7 @@ export class ToolSpec {
     this.executor = declaration.executor;
     this.labels = copied(declaration.labels);
     this.untrustedFields = copied(declaration.untrustedFields ?? declaration.untrusted_fields);
+    this.preImage = declaration.preImageDeclaration;
     check(this, declaration.parameters);
     Object.freeze(this);
   }
@@ -119,6 +123,7 @@ export class ToolSpec {
     if (this.executor) body["executor"] = { ...this.executor };
     if (this.labels.length) body["labels"] = [...this.labels];
     if (this.untrustedFields.length) body["untrusted_fields"] = [...this.untrustedFields];
+    if (this.preImage) body["pre_image"] = { ...this.preImage };
     return body;
   }
 }

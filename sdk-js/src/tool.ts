@@ -8,12 +8,13 @@
 
 import { SCOPE } from "./context.js";
 import type { CallOptions } from "./session.js";
+import { type PreImage, type PreImageOptions, preImageFunctionName, preImageOf } from "./preimages.js";
 import { type ToolDeclaration, ToolSpec } from "./tiers.js";
 
 export type ToolArgs = Record<string, unknown>;
 
 /** `undologTool`'s first argument: the tool's declaration, plus how to key its calls. */
-export interface ToolOptions<A extends ToolArgs = ToolArgs> extends ToolDeclaration {
+export interface ToolOptions<A extends ToolArgs = ToolArgs> extends ToolDeclaration, Partial<PreImageOptions<A>> {
   /** Your own key for a call (default: the server keys a call by tool and args). */
   idempotencyKey?: (args: A) => string;
 }
@@ -22,6 +23,8 @@ export interface ToolOptions<A extends ToolArgs = ToolArgs> extends ToolDeclarat
 export interface DeclaredTool<A extends ToolArgs = ToolArgs> {
   readonly spec: ToolSpec;
   readonly idempotencyKey?: ((args: A) => string) | undefined;
+  /** A before read and restore (preimages.ts): the undo of a tool that has none. */
+  readonly preImage?: PreImage | undefined;
 }
 
 /** A declared tool: call it like the function it wraps (it always answers a promise). */
@@ -40,7 +43,17 @@ export interface UndologTool<A extends ToolArgs = ToolArgs, R = unknown> extends
  */
 export function undologTool<A extends ToolArgs, R>(options: ToolOptions<A>, fn: (args: A) => R): UndologTool<A, R> {
   if (typeof fn !== "function") throw new TypeError(`${options.name}: undologTool needs the tool's function`);
-  const spec = new ToolSpec(options);
+  const { before, restore, restoreAbsent, check, after, maxBytes, overBound } = options;
+  let preImage: PreImage | undefined;
+  let declaration: ToolDeclaration = options;
+  if (before) {
+    preImage = preImageOf(options.name, { before, restore, restoreAbsent, check, after, maxBytes, overBound } as PreImageOptions<any>);
+    declaration = { ...options, preImageDeclaration: preImage.declaration,
+      compensation: options.compensation ?? { fnName: preImageFunctionName(options.name), args: {} } };
+  } else if (restore || restoreAbsent) {
+    throw new TypeError(`${options.name}: restore needs a before read (before)`);
+  }
+  const spec = new ToolSpec(declaration);
   const safe = spec.tier === "safe";
   const untrusted = spec.untrusted;
   const name = spec.name;
@@ -66,6 +79,7 @@ export function undologTool<A extends ToolArgs, R>(options: ToolOptions<A>, fn: 
     spec: { value: spec, enumerable: true },
     fn: { value: fn, enumerable: true },
     idempotencyKey: { value: options.idempotencyKey, enumerable: true },
+    preImage: { value: preImage, enumerable: true },
   });
   return tool;
 }

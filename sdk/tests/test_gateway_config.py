@@ -231,3 +231,39 @@ def test_an_upstreams_identity_is_where_it_is_and_never_its_credentials(monkeypa
         url="https://a.example/mcp", headers={"Authorization": "Bearer y"})
     assert scope(url="https://a.example/mcp") != scope(url="https://b.example/mcp")
     assert scope(command="npx ledger-mcp", identity="ledger-prod") == "ledger-prod"
+
+
+def test_a_preset_and_a_per_tool_pre_image_make_tools_undone_by_pre_image():
+    from undolog.gateway.preimages import declarations
+
+    read = {"tool": "get_row", "args": {"id": "{id}"}}
+    config = parse_config(
+        {
+            "servers": {
+                "files": {"command": "npx server-filesystem /srv", "preset": "filesystem",
+                          "tools": {"edit_file": {"tier": "irreversible"}}},
+                "db": {"command": "db-mcp", "tools": {"update_row": {
+                    "tier": "compensable",
+                    "pre_image": {"before": read, "restore": {"tool": "put_row", "args": {}}}}}},
+            }
+        }
+    )
+    files, db = config.servers
+    assert files.preset == "filesystem"
+    # edit_file: its tier set by hand wins over the preset
+    assert set(declarations(files)) == {"write_file", "move_file", "create_directory"}
+    assert declarations(db)["update_row"]["before"] == read
+    assert db.tools["update_row"].tier is None  # COMPENSABLE by its pre-image, no inverse needed
+
+
+@pytest.mark.parametrize(
+    "server, message",
+    [
+        ({"command": "x", "preset": "s3"}, "preset is one of"),
+        ({"url": "https://mcp.example.com/mcp", "preset": "filesystem"}, "stdio server"),
+        ({"command": "x", "tools": {"t": {"pre_image": "read first"}}}, "pre_image = "),
+    ],
+)
+def test_a_bad_preset_or_pre_image_is_a_clear_config_error(server, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"servers": {"s": server}})

@@ -76,7 +76,7 @@ def test_purge_removes_exactly_what_is_past_retention_and_archives_it_first(acme
     # Two closed sessions past 20 days: each one session transition (running → completed), two effects
     # with one transition each (executing → committed), two SAFE calls; one of them past 40 days.
     assert counts == {"safe_calls": 4, "session_transitions": 2, "effect_transitions": 4, "events": 2,
-                      "sessions": 1}
+                      "sessions": 1, "pre_images": 0}  # none kept here (tests/effects/test_pre_images.py)
     assert not Session.objects.filter(pk=old).exists()
     assert not Effect.objects.filter(session_id=old).exists()
     assert not UndoEntry.objects.filter(session_id=old).exists()

@@ -70,10 +70,15 @@ class UndoLogClient:
     # -- registration -----------------------------------------------------------
 
     def register(self, *tools: Any) -> list[dict[str, Any]]:
-        """Register (or update) decorated tools or ToolSpecs: ``POST /api/v1/tools``."""
+        """Register (or update) decorated tools or ToolSpecs: ``POST /api/v1/tools`` (tools that
+        undo by pre-image register their agent-handler compensation first)."""
+        for call in _pre_image_compensations(tools):
+            self._http.send(call)
         return self._http.send(_register_call(tools)).get("tools", [])
 
     async def aregister(self, *tools: Any) -> list[dict[str, Any]]:
+        for call in _pre_image_compensations(tools):
+            await self._http.asend(call)
         return (await self._http.asend(_register_call(tools))).get("tools", [])
 
     def register_compensation(self, fn_name: str, fn_version: str, handler: str, target: str = "",
@@ -160,6 +165,17 @@ def _register_call(tools: Iterable[Any]) -> Call:
     if duplicates:
         raise ValueError(f"tools registered twice in one call: {duplicates}")
     return Call("POST", "/api/v1/tools", {"tools": [s.to_dict() for s in specs]})
+
+
+def _pre_image_compensations(tools: Iterable[Any]) -> list[Call]:
+    """The ``agent``-handler functions of tools whose undo is a pre-image's restore: run here,
+    by ``serve_compensations(undolog.preimages.handlers(...))``."""
+    calls = []
+    for spec in (spec_of(t) for t in _flatten(tools)):
+        if spec.pre_image is not None and spec.compensation is not None:
+            fn = spec.compensation
+            calls.append(_compensation_call(fn.fn_name, fn.fn_version, "agent", "", 5000))
+    return calls
 
 
 def _flatten(tools: Iterable[Any]) -> Iterable[Any]:

@@ -73,6 +73,9 @@ def context_of(entry: Mapping[str, Any]) -> dict[str, Any]:
         "session": entry.get("session"),
         "effect": entry.get("effect"),
         "lease_expires_at": entry["lease_expires_at"],
+        # A pre-image tool's entry: what was there before the call, the call's args and the
+        # digests of the compare-and-restore (preimages.py). Absent for other entries.
+        "pre_image": entry.get("pre_image"),
     }
 
 

@@ -43,6 +43,7 @@ class DeclaredTool:
         "fn",
         "idempotency_key",
         "is_async",
+        "pre_image",
         "safe",
         "spec",
     )
@@ -54,6 +55,7 @@ class DeclaredTool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.safe = spec.tier is ToolTier.SAFE
         self.idempotency_key = idempotency_key
+        self.pre_image: Any = None  # a PreImage (preimages.py): the before read and restore
         self._signature = inspect.signature(fn)
         params = self._signature.parameters
         self._drop = tuple(n for n in params if n in _RECEIVERS)
@@ -126,6 +128,13 @@ def undolog_tool(
     idempotency_key: Callable[[dict[str, Any]], str] | None = None,
     labels: Iterable[str] = (),
     untrusted_fields: Iterable[str] = (),
+    before: Callable[..., Any] | None = None,
+    restore: Callable[..., Any] | None = None,
+    restore_absent: Callable[..., Any] | None = None,
+    check: Callable[..., Any] | None = None,
+    after: Callable[..., Any] | None = None,
+    max_bytes: int | None = None,
+    over_bound: str = "hold",
 ) -> Any:
     """Declare a tool's tier. Works on sync and async functions, as ``@undolog_tool(...)``
     or ``undolog_tool(fn, tier=...)``.
@@ -133,16 +142,41 @@ def undolog_tool(
     Raises ``ValueError`` at decoration time for a COMPENSABLE tool without a
     ``compensation``, an IRREVERSIBLE tool without a ``reason``, and templates
     (compensation args, ``estimated_impact``) naming a parameter the function lacks.
+
+    ``before``/``restore`` (COMPENSABLE, instead of a ``compensation``): undo by pre-image
+    (preimages.py). ``before`` reads the target (taking the call's args it names) and returns
+    its state, or ``ABSENT``; ``restore`` takes the same args and ``before=`` and puts it back;
+    ``restore_absent`` removes what the call created where nothing was there; ``check`` reads
+    what the restore compares (default ``before``); ``after`` says from the args (and
+    ``before=``) what the call leaves (default: read again after the call). ``max_bytes`` and
+    ``over_bound`` (``"hold"`` or ``"refuse"``) bound the pre-image. Serve the restores with
+    ``client.serve_compensations(undolog.preimages.handlers(tool, ...))``.
     """
 
     def decorate(func: Callable[..., Any]) -> Any:
+        pre = None
+        declared_compensation = compensation
+        if before is not None:
+            from .preimages import DEFAULT_MAX_BYTES, PreImage, function_name
+
+            if restore is None and restore_absent is None:
+                raise ValueError("a before read needs a restore (or restore_absent)")
+            pre = PreImage.of_functions(
+                name or func.__name__, before, restore, restore_absent=restore_absent, check=check,
+                after=after, max_bytes=max_bytes or DEFAULT_MAX_BYTES, over_bound=over_bound)
+            if declared_compensation is None:
+                fn_name = function_name(name or func.__name__)
+                declared_compensation = CompensationDescriptor(fn_name, {})
+        elif restore is not None or restore_absent is not None:
+            raise ValueError("restore needs a before read (before=...)")
         spec = ToolSpec(
             name=name or func.__name__,
             tier=ToolTier(tier),
             cost_weight=cost_weight,
             description=description if description is not None else _summary(func),
             irreversible=irreversible,
-            compensation=compensation,
+            compensation=declared_compensation,
+            pre_image=pre.declaration if pre is not None else None,
             approval=_approval(ToolTier(tier), reason, risk_tags, estimated_impact,
                                approval_timeout_s, auto_approve_on_timeout),
             annotations=annotations_dict(annotations),
@@ -151,6 +185,7 @@ def undolog_tool(
             untrusted_fields=tuple(untrusted_fields),
         )
         tool = DeclaredTool(spec, func, idempotency_key)
+        tool.pre_image = pre
         _check_templates(tool)
         return _wrap(tool)
 

@@ -9,6 +9,7 @@ them for sync tools and ``with`` blocks, an async driver for async tools and
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
@@ -56,7 +57,16 @@ class Sleep:
     seconds: float
 
 
-Op = Call | Sleep | _Run
+@dataclass(frozen=True)
+class Local:
+    """Flow instruction: call ``fn(*args)`` here (a pre-image's before read) and send back what
+    it returned (awaited, under the async driver, when it returns an awaitable)."""
+
+    fn: Any
+    args: tuple[Any, ...] = ()
+
+
+Op = Call | Sleep | _Run | Local
 Flow = Generator[Op, Any, Any]
 
 _UNDONE = frozenset({"compensating", "compensated", "compensation_failed"})
@@ -320,7 +330,7 @@ class Session:
         if decision in ("rejected", "expired") and not effect.get("state"):
             effect = {**effect, "state": decision}  # a decision answered without an effect
         if decision == "execute":
-            return (yield from self._run(effect))
+            return (yield from self._run(effect, tool, args))
         effect = yield from self._settle(tool, answer, effect)
         if effect.get("state") == "approved" and not (yield from self._claim(effect)):
             # Another caller started it first: its outcome is this call's outcome.
@@ -329,7 +339,7 @@ class Session:
                                              elsewhere=True)
         if effect.get("state") == "committed":
             return unwrap_result(effect.get("result"))
-        return (yield from self._run(effect))
+        return (yield from self._run(effect, tool, args))
 
     def _intercept(self, tool: DeclaredTool, args: dict[str, Any]) -> Flow:
         body: dict[str, Any] = {"tool": tool.name, "args": args, "step_index": next(self._steps)}
@@ -451,16 +461,25 @@ class Session:
             return False
         return True
 
-    def _run(self, effect: Mapping[str, Any]) -> Flow:
+    def _run(self, effect: Mapping[str, Any], tool: DeclaredTool | None = None,
+             args: dict[str, Any] | None = None) -> Flow:
         effect_id = effect.get("id")
         if effect.get("tier") == "compensable":
             self._undoable.add(str(effect_id))  # its undo entry is pushed before it runs
+        pre = getattr(tool, "pre_image", None) if effect.get("tier") == "compensable" else None
+        if pre is not None:
+            # The before read, kept before the call runs (a hold waits for a person first).
+            from .preimage_flow import after_image, keep
+
+            effect = yield from keep(self, tool, pre, effect, args or {})
         try:
             result = yield _run_for(effect)
         except Exception as exc:
             yield from self._report_failure(effect_id, exc)
             raise
         yield from self._commit(effect_id, result)
+        if pre is not None and pre.after is None:
+            yield from after_image(pre, effect_id, args or {})
         return result
 
     def _report_failure(self, effect_id: Any, exc: Exception) -> Flow:
@@ -507,6 +526,8 @@ class Session:
                     value = self._http.send(op)
                 elif isinstance(op, Sleep):
                     time.sleep(op.seconds)
+                elif isinstance(op, Local):
+                    value = op.fn(*op.args)
                 elif run is not None:
                     value = run() if op.args is None else run(op.args)
             except Exception as exc:
@@ -526,6 +547,10 @@ class Session:
                     value = await self._http.asend(op)
                 elif isinstance(op, Sleep):
                     await asyncio.sleep(op.seconds)
+                elif isinstance(op, Local):
+                    value = op.fn(*op.args)
+                    if inspect.isawaitable(value):
+                        value = await value
                 elif run is not None:
                     value = await (run() if op.args is None else run(op.args))
             except Exception as exc:

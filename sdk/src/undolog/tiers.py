@@ -151,9 +151,13 @@ class ToolSpec:
     # others wrote, so a SAFE call reports its output (the server keeps fingerprints, not the text).
     labels: tuple[str, ...] = ()
     untrusted_fields: tuple[str, ...] = ()
+    # A before read and a restore (issue 42, preimages.py): the declaration the server keeps.
+    pre_image: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_tier_fields(self)
+        if self.pre_image is not None and self.tier is not ToolTier.COMPENSABLE:
+            raise ValueError(f"{self.name}: only a COMPENSABLE tool takes a before read")
         # Frozen: lists given by the caller are kept as tuples.
         object.__setattr__(self, "labels", tuple(self.labels))
         object.__setattr__(self, "untrusted_fields", tuple(self.untrusted_fields))
@@ -190,6 +194,8 @@ class ToolSpec:
             body["labels"] = list(self.labels)
         if self.untrusted_fields:
             body["untrusted_fields"] = list(self.untrusted_fields)
+        if self.pre_image is not None:
+            body["pre_image"] = dict(self.pre_image)
         return body
 
 

@@ -18,6 +18,10 @@ about their tools that their own hints do not say.
     [servers.tracker.tools.create_issue] # per-tool overrides
     compensation = { tool = "close_issue", args = { number = "{result.number}" } }
 
+    [servers.files]                      # undo by pre-image (gateway/preimages.py)
+    command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/project"]
+    preset = "filesystem"                # or "memory"; or per tool: pre_image = { before = ... }
+
     [clients.ana]                        # who may call the gateway over HTTP, one token each
     token = "${ANA_GATEWAY_TOKEN}"       # sent as Authorization: Bearer <token>
     started_by = "ana@example.com"       # optional: the person; she cannot approve her runs' calls
@@ -77,9 +81,10 @@ SERVER_KEYS = {
     "safe_cost_weight",
     "tools",
     "identity",
+    "preset",
 }
 TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description", "labels",
-             "untrusted_fields"}
+             "untrusted_fields", "pre_image"}
 UNDOLOG_KEYS = {
     "url",
     "api_key",
@@ -138,6 +143,7 @@ class ToolOverride:
     description: str | None = None
     labels: tuple[str, ...] | None = None  # tool.labels; given, it replaces the suggested ones
     untrusted_fields: tuple[str, ...] = ()
+    pre_image: Mapping[str, Any] | None = None  # a before read and restore (gateway/preimages.py)
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ class ServerConfig:
     safe_cost_weight: float = 1.0
     tools: Mapping[str, ToolOverride] = field(default_factory=dict)
     identity: str | None = None
+    preset: str | None = None  # "filesystem" | "memory": ready pre-image declarations
 
     @property
     def scope(self) -> str:
@@ -287,8 +294,20 @@ def _server(name: str, spec: Mapping[str, Any]) -> ServerConfig:
         tool: _override(f"[servers.{name}.tools.{tool}]", body)
         for tool, body in (spec.get("tools") or {}).items()
     }
+    preset = spec.get("preset")
+    if preset is not None:
+        from .preimages import PRESETS
+
+        if preset not in PRESETS:
+            raise ConfigError(f"{where}: preset is one of {sorted(PRESETS)}, not {preset!r}")
+        if preset == "filesystem" and url:
+            raise ConfigError(
+                f"{where}: preset = \"filesystem\" needs a stdio server on this machine (a new "
+                "file's undo deletes it here: the server has no delete tool)"
+            )
     return ServerConfig(
         name=name,
+        preset=preset,
         command=tuple(_expand(part) for part in command or ()),
         env={k: _expand(v) for k, v in spec["env"].items()}
         if spec.get("env") is not None
@@ -336,7 +355,12 @@ def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     compensation = _compensation(where, body["compensation"]) if body.get("compensation") else None
-    if tier is ToolTier.COMPENSABLE and compensation is None:
+    pre_image = body.get("pre_image")
+    if pre_image is not None and not isinstance(pre_image, Mapping):
+        raise ConfigError(f"{where}: pre_image = {{ before = ..., restore = ... }}")
+    if pre_image is not None and tier is ToolTier.COMPENSABLE and compensation is None:
+        tier = None  # COMPENSABLE by its pre-image (gateway/preimages.py attaches the undo)
+    if tier is ToolTier.COMPENSABLE and compensation is None and pre_image is None:
         raise ConfigError(
             f"{where}: a compensable tool needs compensation = {{ tool = ..., args = ... }}"
         )
@@ -348,6 +372,7 @@ def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
         description=body.get("description"),
         labels=_strings(where, body, "labels"),
         untrusted_fields=_strings(where, body, "untrusted_fields") or (),
+        pre_image=dict(pre_image) if pre_image is not None else None,
     )
 
 

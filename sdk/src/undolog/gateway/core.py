@@ -53,6 +53,7 @@ from ..mcp import spec_for
 from ..session import _NO_OUTPUT, Session
 from ..tiers import ApprovalSpec, ToolSpec, ToolTier
 from .config import GatewayConfig, ServerConfig
+from .preimages import attach_pre_image, pre_image_runtimes, restorer
 from .upstream import Upstream, UpstreamToolError, reported_value, result_value
 
 __all__ = ["FAIL_RUN", "FINISH_RUN", "RUN_ARG", "START_RUN", "Caller", "Gateway", "Route"]
@@ -303,6 +304,8 @@ class Gateway:
             for comp in _compensations(server)
             if comp.tool
         }
+        # Tools undone by a pre-image (gateway/preimages.py): their runtimes, by restore function.
+        self.pre_images = pre_image_runtimes(self)
 
     # -- start and tool table ----------------------------------------------------------
 
@@ -320,9 +323,18 @@ class Gateway:
         await self._resume()
 
     async def _register_compensations(self) -> None:
-        """Register each upstream-tool undo as an agent function scoped to the upstream that runs
-        it: only a gateway serving that upstream claims its entries. Another gateway of the org
-        that gave another upstream the same name is refused here (409), and this one with it."""
+        """Register each upstream-tool undo, and each pre-image's restore, as an agent function
+        scoped to the upstream that runs it: only a gateway serving that upstream claims its
+        entries. Another gateway of the org that gave another upstream the same name is refused
+        here (409), and this one with it."""
+        for fn_name, (server_name, _tool, _runtime) in self.pre_images.items():
+            try:
+                await self.http.asend(_compensation_call(
+                    fn_name, "1.0.0", "agent", "", 5000, None, self._scope_of(server_name)))
+            except UndoLogError as exc:
+                if exc.code not in ("compensation_scope_conflict", "tool_scope_conflict"):
+                    raise
+                raise UpstreamConflict(f"[servers.{server_name}]: {exc}") from exc
         for server in self.config.servers:
             for comp in _compensations(server):
                 if comp.tool:
@@ -349,8 +361,9 @@ class Gateway:
 
     def scopes(self) -> list[str]:
         """The upstreams whose undos this gateway runs (what its claims name)."""
-        return sorted({self._scope_of(server) for server, _ in self.compensators.values()
-                       if server in self.upstreams})
+        servers = [server for server, _ in self.compensators.values()]
+        servers += [server for server, _tool, _runtime in self.pre_images.values()]
+        return sorted({self._scope_of(server) for server in servers if server in self.upstreams})
 
     async def _rebuild(self) -> None:
         """Route every listed tool (prefixed by its server where two servers clash) and register
@@ -368,14 +381,9 @@ class Gateway:
                     else f"{server.name}_{tool.name}"
                 )
                 spec, why = tier_tool(server, tool, exposed)
-                routes[exposed] = Route(
-                    exposed,
-                    server.name,
-                    tool.name,
-                    tool,
-                    DeclaredTool(spec, _upstream_placeholder, None),
-                    why,
-                )
+                declared = DeclaredTool(spec, _upstream_placeholder, None)
+                spec, why = attach_pre_image(self, server, tool.name, declared, why)
+                routes[exposed] = Route(exposed, server.name, tool.name, tool, declared, why)
         if routes:
             try:
                 await self.http.asend(
@@ -806,7 +814,8 @@ class Gateway:
                 # next gateway run it again. The lease bounds how long shutdown waits for it.
                 deadline = anyio.current_time() + self.config.claim_lease_s
                 with anyio.CancelScope(shield=True, deadline=deadline):
-                    await arun_one(self.http, entry, self._compensator(entry["fn_name"]))
+                    handler = restorer(self, entry) or self._compensator(entry["fn_name"])
+                    await arun_one(self.http, entry, handler)
             if not entries:
                 await anyio.sleep(self.config.claim_poll_s)
 

@@ -1,0 +1,215 @@
+"""Undo by pre-image through the gateway (issue 42), against the official filesystem MCP server
+from the npm registry (tests/gateway/npm): a real MCP client → `undolog gateway` (a real
+process, `preset = "filesystem"`) → @modelcontextprotocol/server-filesystem → a scratch
+directory, with the real undolog server and worker.
+
+Every file byte for byte what it was after a rollback; a file someone changed after the run
+wrote it is not overwritten (a person decides, with both digests); a pre-image over its bound
+holds the call for a person."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from approvals.models import ApprovalRequest
+from effects.models import Effect, PreImage, Session, UndoEntry
+from tests.processes import BASE_DIR
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+NPM = BASE_DIR / "tests" / "gateway" / "npm"
+FILESYSTEM = NPM / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+
+
+@pytest.fixture(scope="session")
+def filesystem_server() -> Path:
+    """The official server, installed from the lock file (`make gateway-npm` does the same)."""
+    if not FILESYSTEM.exists():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NPM, check=True,
+                       timeout=300)
+    return FILESYSTEM
+
+
+@pytest.fixture
+def files(tmp_path, harness, filesystem_server):
+    """The gateway fronting the filesystem server on a scratch directory with three files."""
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "a.txt").write_bytes("line one\nline two é\n".encode())
+    (root / "b.md").write_bytes(b"# Title\r\n\r\nold paragraph\r\n")  # CRLF, kept byte for byte
+    (root / "c.txt").write_bytes(b"to be moved\n")
+    gateway = harness(approval_wait_s=2)
+    gateway.config.write_text(gateway.config.read_text().split("[servers.tracker]")[0] + f"""
+[servers.files]
+command = {json.dumps([shutil.which("node"), str(filesystem_server), str(root)])}
+preset = "filesystem"
+""")
+    gateway.root = root
+    return gateway
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def digest_of(content: str) -> str:
+    body = json.dumps({"content": content}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def text(result) -> str:
+    return "\n".join(block.text for block in result.content)
+
+
+def session_of(persona) -> Session:
+    return Session.objects.filter(org=persona.org).order_by("-created").first()
+
+
+async def wait_for(check, timeout: float = 40):
+    with anyio.fail_after(timeout):  # the database is read from a thread: Django is sync here
+        while not (value := await anyio.to_thread.run_sync(check)):
+            await anyio.sleep(0.1)
+    return value
+
+
+def state_of(persona) -> str:
+    session = session_of(persona)
+    return session.state if session else ""
+
+
+def test_a_rollback_leaves_every_file_byte_for_byte_as_it_was(files, acme):
+    root, before = files.root, snapshot(files.root)
+
+    async def scenario():
+        async with files.client() as client:
+            tiers = {t.name for t in (await client.list_tools()).tools}
+            assert {"write_file", "edit_file", "move_file", "create_directory", "read_text_file"} <= tiers
+            calls = [
+                ("write_file", {"path": str(root / "a.txt"), "content": "rewritten by the agent\n"}),
+                ("write_file", {"path": str(root / "new.txt"), "content": "a new file\n"}),
+                ("edit_file", {"path": str(root / "b.md"), "edits": [{"oldText": "old paragraph",
+                                                                      "newText": "new paragraph"}]}),
+                ("create_directory", {"path": str(root / "archive")}),
+                ("move_file", {"source": str(root / "c.txt"), "destination": str(root / "archive" / "c.txt")}),
+                ("write_file", {"path": str(root / "archive" / "notes.txt"), "content": "x"}),
+            ]
+            for name, args in calls:
+                result = await client.call_tool(name, args)
+                assert not result.is_error, (name, text(result))
+            assert snapshot(root) != before
+            failed = await client.call_tool("undolog_fail_run", {"reason": "the agent edited the wrong project"})
+            assert not failed.is_error, text(failed)
+            await wait_for(lambda: state_of(acme) == "compensated" or state_of(acme) == "compensation_failed")
+
+    anyio.run(scenario)
+
+    session = session_of(acme)
+    assert session.state == "compensated", "; ".join(f"{e.fn_name} {e.state} {e.last_error}" for e in
+                                                     UndoEntry.objects.filter(session=session))
+    assert snapshot(root) == before  # new files and directories gone, the moved file back, CRLF kept
+    assert set(Effect.objects.filter(session=session).values_list("state", flat=True)) == {"compensated"}
+    assert PreImage.objects.filter(session=session).count() == 6
+
+
+def test_a_file_changed_by_someone_else_after_the_runs_write_goes_to_a_person(files, acme):
+    root = files.root
+
+    async def scenario():
+        async with files.client() as client:
+            result = await client.call_tool("write_file", {"path": str(root / "a.txt"), "content": "the run's text\n"})
+            assert not result.is_error, text(result)
+            (root / "a.txt").write_text("a person's later edit\n")  # not through the gateway
+            await client.call_tool("undolog_fail_run", {"reason": "rolled back"})
+            await wait_for(lambda: state_of(acme) == "compensation_failed")
+
+    anyio.run(scenario)
+
+    assert (root / "a.txt").read_text() == "a person's later edit\n"  # not overwritten
+    entry = UndoEntry.objects.get(session=session_of(acme))
+    assert entry.state == "compensation_failed"
+    assert digest_of("the run's text\n") in entry.last_error  # what this run wrote
+    assert digest_of("a person's later edit\n") in entry.last_error  # what is there now
+    assert "later edit" not in entry.last_error
+
+
+def test_a_pre_image_over_the_bound_holds_the_call_for_a_person(files, acme):
+    root = files.root
+    big = "0123456789abcdef" * 20_000  # 320,000 bytes: over the preset's 256 KiB
+    (root / "big.txt").write_text(big)
+
+    async def scenario():
+        async with files.client() as client:
+            result = await client.call_tool("write_file", {"path": str(root / "big.txt"), "content": "short"})
+            assert result.is_error and "approval" in text(result), text(result)
+
+    anyio.run(scenario)
+
+    assert (root / "big.txt").read_text() == big  # it has not run
+    effect = Effect.objects.get(session=session_of(acme))
+    assert effect.state == "pending"
+    approval = ApprovalRequest.objects.get(effect=effect)
+    assert "over its bound of 262144" in approval.why[0]["message"]
+    kept = PreImage.objects.get(entry__effect=effect)
+    assert kept.held and kept.value() == {"content": big}  # its undo is kept before it may run
+
+
+# ---------------------------------------------------------------- the memory server's graph
+
+MEMORY = NPM / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / "index.js"
+
+
+def graph(path: Path) -> tuple[list, list]:
+    """The graph file as sets: entities (with their observations, in order) and relations."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    key = lambda row: json.dumps(row, sort_keys=True)  # noqa: E731
+    entities = sorted((r for r in rows if r["type"] == "entity"), key=key)
+    relations = sorted((r for r in rows if r["type"] == "relation"), key=key)
+    return entities, relations
+
+
+def test_a_rollback_puts_the_memory_graph_back(tmp_path, harness, filesystem_server, acme):
+    store = tmp_path / "memory.jsonl"
+    store.write_text("\n".join(json.dumps(row) for row in [
+        {"type": "entity", "name": "Ana", "entityType": "person", "observations": ["likes tea", "works at Acme"]},
+        {"type": "entity", "name": "Acme", "entityType": "company", "observations": []},
+        {"type": "relation", "from": "Ana", "to": "Acme", "relationType": "works_at"},
+    ]) + "\n")
+    before = graph(store)
+    gateway = harness()
+    gateway.config.write_text(gateway.config.read_text().split("[servers.tracker]")[0] + f"""
+[servers.memory]
+command = {json.dumps([shutil.which("node"), str(MEMORY)])}
+env = {{ MEMORY_FILE_PATH = {json.dumps(str(store))} }}
+preset = "memory"
+""")
+
+    async def scenario():
+        async with gateway.client() as client:
+            calls = [
+                ("create_entities", {"entities": [{"name": "Ben", "entityType": "person", "observations": ["new"]},
+                                                  {"name": "Ana", "entityType": "person", "observations": []}]}),
+                ("add_observations", {"observations": [{"entityName": "Ana", "contents": ["moved to Lyon"]}]}),
+                ("create_relations", {"relations": [{"from": "Ben", "to": "Ana", "relationType": "knows"}]}),
+                ("delete_observations", {"deletions": [{"entityName": "Ana", "observations": ["likes tea"]}]}),
+                ("delete_entities", {"entityNames": ["Acme"]}),
+            ]
+            for name, args in calls:
+                result = await client.call_tool(name, args)
+                assert not result.is_error, (name, text(result))
+            assert graph(store) != before
+            await client.call_tool("undolog_fail_run", {"reason": "wrong memories"})
+            await wait_for(lambda: state_of(acme) in ("compensated", "compensation_failed"))
+
+    anyio.run(scenario)
+
+    session = session_of(acme)
+    assert session.state == "compensated", "; ".join(f"{e.fn_name} {e.state} {e.last_error}" for e in
+                                                     UndoEntry.objects.filter(session=session))
+    assert graph(store) == before
