@@ -354,7 +354,7 @@ _OPEN = ", ".join(f"'{state}'" for state in sorted(UndoEntry.OPEN))
 _FINISH = f"""
 WITH finished AS (
     UPDATE effects_session s SET state = 'compensated', updated = %(now)s, ended_at = %(now)s
-    WHERE s.id = ANY(%(sessions)s::uuid[]) AND s.state = 'compensating'
+    WHERE s.id = ANY(%(sessions)s::uuid[]) AND s.state = 'compensating' AND s.rewind_to IS NULL
       AND NOT EXISTS (SELECT 1 FROM effects_undoentry u WHERE u.session_id = s.id AND u.state IN ({_OPEN}))
     RETURNING s.id, s.org_id, s.step_index
 ), history AS (
