@@ -32,8 +32,12 @@ class RewoundEffectDict(TypedDict):
     at: str
 
 
-class RewindPreviewDict(TypedDict):
-    """What a rewind to `to_step` undoes (newest first), leaves done, withdraws; the step it resumes at."""
+class RewindPreviewDict(TypedDict, total=False):
+    """What a rewind to `to_step` undoes (newest first), leaves done, withdraws; the step it resumes at.
+    Without a step asked for: the rewind `in_progress` (or null) and the run's `rewinds`."""
+
+    in_progress: dict[str, Any] | None
+    rewinds: list[dict[str, Any]]
 
     session: str
     to_step: int
