@@ -101,6 +101,9 @@ def test_a_rewind_of_a_run_whose_walk_is_stopped_is_refused_saying_why(acme, sta
     assert body["error"] == "walk_stopped" and body["undo_entry"] == top and body["step_index"] == 3
     assert "undo_send_email@1.0.0 of step 3 failed" in body["message"]
     assert Rewind.objects.count() == 1
+    waiting = intercept(acme, stack.session_id, "send_email", {"to": "x@x.io"}, 9)
+    assert waiting.status_code == 409 and waiting.json()["error"] == "session_rewinding"
+    assert waiting.json()["state"] == "compensation_failed"
     # Resolved by hand, the rewind's walk goes on and the run resumes at its step.
     receiver.behaviour = lambda d: (200, 0.0)
     assert acme.reviewer.post(f"/api/v1/undo-entries/{top}/resolve", {"note": "undone by hand"},
