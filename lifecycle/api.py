@@ -211,7 +211,8 @@ class SessionViewSet(OrgScopedViewSet):
                         examples=[BUDGET_REFUSAL]),
                    **errors(404, 409, 423, codes={
                        404: ["session_not_found", "tool_not_registered"],
-                       409: ["session_not_running", "session_awaiting_approval", "idempotency_key_reused"]}),
+                       409: ["session_not_running", "session_awaiting_approval", "session_rewinding",
+                            "idempotency_key_reused"]}),
                    **errors(400, codes={400: ["invalid", "safe_tool_not_intercepted", "malformed_json",
                                                "too_deep"]})},
         examples=INTERCEPT_EXAMPLES)
