@@ -178,6 +178,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def agent_rolled_back(self, message: dict) -> None:
         await self.forward(message)
 
+    async def session_rewound(self, message: dict) -> None:
+        await self.forward(message)
+
 
 # The kinds forwarded: the server's list (a test checks each has its handler above).
 EVENT_HANDLERS = frozenset(EVENT_KINDS)

@@ -427,11 +427,12 @@ class ApprovalRequest(models.Model):
             Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
                          **self.event_data())
 
-    def withdraw(self, actor: str) -> None:
-        """The run was failed while this waited: the call will never run, so the request leaves
-        the queue (as expired, decided by whoever failed the run) instead of lingering there."""
+    def withdraw(self, actor: str, reason: str = "Withdrawn: the session failed before a decision.") -> None:
+        """The run was failed (or rewound before this call) while this waited: the call will never
+        run, so the request leaves the queue (as expired, decided by whoever failed the run)
+        instead of lingering there; `reason` says why."""
         with transaction.atomic():
-            self._decide(self.State.EXPIRED, None, actor, "Withdrawn: the session failed before a decision.")
+            self._decide(self.State.EXPIRED, None, actor, reason)
             effect, session = self._effect_and_session()
             effect.expire(actor=actor)
             Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
@@ -654,7 +655,7 @@ EVENT_KINDS = [
     "incident.changed", "session.updated", "session.abandoned", "grant.issued", "grant.revoked",
     # For the audit chain (ops/audit.py): budget and retention changes, hand resolutions, undone runs.
     "policy.changed", "policy.retention_changed", "undo_entry.resolved", "session.compensated",
-    "agent.rolled_back",
+    "agent.rolled_back", "session.rewound",
 ]
 
 

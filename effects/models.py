@@ -304,6 +304,11 @@ class Session(models.Model):
                                   help_text="The person who started the run (username or email); they cannot "
                                             "approve its calls.")
     step_index = models.PositiveIntegerField(default=0)
+    # Rewind (lifecycle/rewind.py): while a rewind's walk runs, the step the run goes back to (the
+    # walk takes only the entries above it, and the run resumes there when they are done); null
+    # otherwise. `rewinds` counts the run's rewinds: the epoch of its live calls' signatures.
+    rewind_to = models.PositiveIntegerField(null=True, blank=True)
+    rewinds = models.PositiveIntegerField(default=0)
     # What the idle sweep makes of this run once it goes quiet (lifecycle/abandon.py): `fail` rolls it
     # back (an SDK agent that died mid-task), `complete` lets its work stand (a conversation through
     # the MCP gateway, whose client may simply have been closed: the stateless protocol says nothing).
@@ -461,6 +466,54 @@ class SessionTransition(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+
+
+class Savepoint(models.Model):
+    """A named step of a run (`POST /sessions/{id}/savepoints`): `rewind {"to": name}` goes back to it."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="savepoints", editable=False)
+    name = models.CharField(max_length=100)
+    step_index = models.PositiveIntegerField()
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "name"], name="one_savepoint_per_name")]
+        ordering = ["step_index", "created"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "step_index": self.step_index, "created": self.created.isoformat()}
+
+
+class Rewind(models.Model):
+    """One rewind of a run (lifecycle/rewind.py): who, why, to which step, what it undid, what it
+    left done (irreversible calls the caller accepted to keep), and the SAFE calls it took off the
+    run (kept here: the run's steps after `to_step` are run again, and their SAFE calls charged again)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="rewind_log", editable=False)
+    epoch = models.PositiveIntegerField(editable=False)
+    to_step = models.PositiveIntegerField(editable=False)
+    from_step = models.PositiveIntegerField(editable=False)
+    savepoint = models.CharField(max_length=100, blank=True, editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    by = models.CharField(max_length=200, editable=False)
+    undone = models.JSONField(default=list, editable=False)
+    left_done = models.JSONField(default=list, editable=False)
+    withdrawn = models.JSONField(default=list, editable=False)
+    safe_calls = models.JSONField(default=list, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created"]
+        constraints = [models.UniqueConstraint(fields=["session", "epoch"], name="one_rewind_per_epoch")]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": str(self.id), "epoch": self.epoch, "to_step": self.to_step, "from_step": self.from_step,
+                "savepoint": self.savepoint or None, "reason": self.reason, "by": self.by,
+                "undone": self.undone, "left_done": self.left_done, "withdrawn": self.withdrawn,
+                "safe_calls": self.safe_calls, "created": self.created.isoformat(),
+                "finished_at": self.finished_at.isoformat() if self.finished_at else None}
 
 
 class SafeCall(models.Model):

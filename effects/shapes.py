@@ -199,6 +199,7 @@ class SessionDict(TypedDict):
     created: str
     updated: str
     ended_at: str | None
+    rewinding_to: NotRequired[int]  # while a rewind's walk runs (lifecycle/rewind.py): the step it goes back to
 
 
 class SessionBodyDict(TypedDict):

@@ -26,6 +26,7 @@ from effects import longpoll, outputs, shapes
 from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
 from lifecycle import claims, fastpath, rollback
 from lifecycle import intercept as pipeline
+from lifecycle import rewind as rewinds
 from lifecycle import shapes as run_shapes
 from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
 from orgs.auth import (
@@ -83,6 +84,8 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
         "created": session.created.isoformat(), "updated": session.updated.isoformat(),
         "ended_at": session.ended_at.isoformat() if session.ended_at else None,
     }
+    if session.rewind_to is not None:
+        body["rewinding_to"] = session.rewind_to
     if full:
         effects = list(session.effects.all())
         entries = list(UndoEntry.objects.filter(session=session).lifo().prefetch_related("attempt_log"))
@@ -95,7 +98,28 @@ def session_dict(session: Session, *, full: bool = False) -> dict[str, Any]:
                           "violation": session.violation,
                           **{key: full_budget[key] for key in ("limits", "usage", "remaining", "tool_caps",
                                                                 "mode", "on_exceeded", "incident")}}
+        body["savepoints"] = [point.as_dict() for point in session.savepoints.all()]
+        body["rewinds"] = [record.as_dict() for record in session.rewind_log.all()]
     return body
+
+
+class RewindSerializer(StrictSerializer):
+    to_step = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                       help_text="The step the run goes back to (0 to its current step).")
+    to = StringField(max_length=100, required=False, default=None, help_text="A savepoint's name, instead of to_step.")
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    leave_irreversible = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Irreversible calls after the step are left done (listed) instead of refusing the rewind.")
+
+
+class RewindPreviewSerializer(StrictSerializer):
+    to_step = serializers.IntegerField(required=False, allow_null=True, default=None)
+    to = StringField(max_length=100, required=False, default=None)
+
+
+class SavepointSerializer(StrictSerializer):
+    name = StringField(max_length=100)
 
 
 class SafeCallSerializer(StrictSerializer):
@@ -129,7 +153,7 @@ class SessionViewSet(OrgScopedViewSet):
     def get_permissions(self):
         if self.action in ("create", "intercept", "complete", "safe_calls"):
             return [IsAgent()]
-        if self.action == "fail":
+        if self.action in ("fail", "rewind", "savepoints"):
             return [IsAgentOrReviewer()]
         if self.action == "undo":
             return [IsAdmin()]
@@ -187,7 +211,8 @@ class SessionViewSet(OrgScopedViewSet):
                         examples=[BUDGET_REFUSAL]),
                    **errors(404, 409, 423, codes={
                        404: ["session_not_found", "tool_not_registered"],
-                       409: ["session_not_running", "session_awaiting_approval", "idempotency_key_reused"]}),
+                       409: ["session_not_running", "session_awaiting_approval", "session_rewinding",
+                            "idempotency_key_reused"]}),
                    **errors(400, codes={400: ["invalid", "safe_tool_not_intercepted", "malformed_json",
                                                "too_deep"]})},
         examples=INTERCEPT_EXAMPLES)
@@ -246,6 +271,66 @@ class SessionViewSet(OrgScopedViewSet):
         session.fail(data["error"], actor=self.caller.label)
         return Response({"session": session_dict(session)})
 
+
+    @extend_schema(summary="Rewind the run to a step: the effects after it are undone", tags=["sessions"],
+                   request=RewindSerializer,
+                   description="Every effect after the step is compensated by the walk, newest first; calls after "
+                               "it waiting for a reviewer are withdrawn; the run is `compensating` (intercepts get "
+                               "409 session_rewinding) until the walk is done, then `running` at the step. "
+                               "Irreversible calls after the step: 409 irreversible_in_the_way unless "
+                               "leave_irreversible. Budgets are not refunded.",
+                   responses={**ok(run_shapes.RewindDict),
+                              **errors(400, 404, 409, codes={
+                                  400: ["invalid", "step_outside_run"],
+                                  404: ["session_not_found", "savepoint_not_found"],
+                                  409: ["irreversible_in_the_way", "rewind_in_progress", "walk_stopped",
+                                        "session_state_conflict"]})})
+    @action(detail=True, methods=["post"])
+    def rewind(self, request: Request, pk: str) -> Response:
+        data = validated(RewindSerializer, request.data or {})
+        sessions = self.scope(Session.objects.all(), self.caller)
+        found, record = rewinds.rewind(sessions, self.lookup_value(), to_step=data["to_step"], to=data["to"],
+                                       reason=data["reason"], leave_irreversible=data["leave_irreversible"],
+                                       actor=self.caller.label)
+        session = self.get_object()
+        return Response({**found.as_dict(), "rewind": record.as_dict(), "session": session_dict(session)})
+
+    @extend_schema(summary="Preview a rewind (what it would undo and leave done), or its progress", tags=["sessions"],
+                   parameters=[OpenApiParameter("to_step", int), OpenApiParameter("to", str)],
+                   responses={**ok(run_shapes.RewindPreviewDict),
+                              **errors(400, 404, 409, codes={
+                                  400: ["invalid", "step_outside_run"],
+                                  404: ["session_not_found", "savepoint_not_found"],
+                                  409: ["rewind_in_progress", "walk_stopped", "session_state_conflict"]})})
+    @rewind.mapping.get
+    def rewind_preview(self, request: Request, pk: str) -> Response:
+        data = validated(RewindPreviewSerializer, request.query_params.dict())
+        session = self.get_object()
+        if data["to_step"] is None and data["to"] is None:
+            return Response({"in_progress": rewinds.progress(session),
+                             "rewinds": [r.as_dict() for r in session.rewind_log.all()]})
+        found = rewinds.preview(session, data["to_step"], data["to"])
+        body = found.as_dict()
+        body["irreversible_in_the_way"] = found.left_done
+        return Response(body)
+
+    @extend_schema(summary="Mark the run's current step with a name (a savepoint)", tags=["sessions"],
+                   request=SavepointSerializer,
+                   responses={**ok(run_shapes.SavepointDict, 201),
+                              **errors(400, 404, 409, codes={404: ["session_not_found"],
+                                                             409: ["session_not_running"]})})
+    @action(detail=True, methods=["post"])
+    def savepoints(self, request: Request, pk: str) -> Response:
+        data = validated(SavepointSerializer, request.data or {})
+        point = rewinds.savepoint(self.get_object(), data["name"])
+        return Response(point.as_dict(), status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="List the run's savepoints", tags=["sessions"],
+                   responses={**ok(run_shapes.SavepointListDict), **errors(404, codes={404: ["session_not_found"]})})
+    @savepoints.mapping.get
+    def savepoints_list(self, request: Request, pk: str) -> Response:
+        session = self.get_object()
+        return Response({"savepoints": [p.as_dict() for p in session.savepoints.all()]})
 
     @extend_schema(summary="Undo a completed session (admins)", tags=["sessions"], request=None,
                    responses={**ok(shapes.SessionBodyDict),

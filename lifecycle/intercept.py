@@ -447,6 +447,9 @@ def _check_open(agent: Agent, session: Session) -> None:
         pending = ApprovalRequest.objects.filter(session=session).pending().first()
         raise Conflict("The session is waiting for a reviewer's decision on an irreversible call.",
                        code="session_awaiting_approval", approval=pending.summary() if pending else None)
+    if session.rewind_to is not None and session.state != Session.State.RUNNING:  # rewind (issue 41)
+        raise Conflict(f"The run is being rewound to step {session.rewind_to} ({session.state}); call again once "
+                       "it runs.", code="session_rewinding", to_step=session.rewind_to, state=session.state)
     if session.state != Session.State.RUNNING:
         raise Conflict(f"The session is {session.state}; open a new session.",
                        code="session_not_running", state=session.state)

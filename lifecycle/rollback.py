@@ -80,7 +80,7 @@ def candidates(agent: Agent, since: datetime):
     """The agent's runs a rollback since `since` takes: every open one (whenever it started), and
     every completed or halted one that ended since then."""
     return Session.objects.filter(agent=agent).filter(
-        Q(state__in=Session.OPEN) | Q(state__in=ENDED, ended_at__gte=since))
+        Q(state__in=Session.OPEN) | Q(state__in=ENDED, ended_at__gte=since) | Q(rewind_to__isnull=False))
 
 
 def preview(agent: Agent, since: datetime) -> Scope:
@@ -135,6 +135,8 @@ def rollback(agent: Agent, since: datetime, reason: str, actor: str) -> Scope:
     error = f"rolled back by {actor}: {reason}"[:2000]
     with transaction.atomic():
         runs = list(candidates(agent, since).select_for_update().order_by("created", "id"))
+        rewinding = [run for run in runs if run.rewind_to is not None]
+        runs = [run for run in runs if run.rewind_to is None]
         running = [run for run in runs if run.state != Session.State.COMPLETED]
         ended = [run for run in runs if run.state == Session.State.COMPLETED]
         history: list[SessionTransition] = []
@@ -147,15 +149,29 @@ def rollback(agent: Agent, since: datetime, reason: str, actor: str) -> Scope:
         empty = [run for run in runs if run.pk not in counts]
         _move(empty, Session.State.COMPENSATING, Session.State.COMPENSATED, actor, "nothing (left) to compensate",
               now, history, ended_at=now)
+        rewound = _rewinds_to_rollbacks(rewinding, error, actor, now, history)
         SessionTransition.objects.bulk_create(history)
         scope = Scope(runs=len(runs), entries=sum(counts.values()), running=len(running), ended=len(ended))
         event = Event.record(agent.org, "agent.rolled_back", agent=agent, by=actor, reason=reason,
                              since=since.isoformat(), **scope.as_dict(),
                              sample=[str(run.pk) for run in runs[:SAMPLE]])
         Session.objects.filter(pk__in=[run.pk for run in runs]).update(rolled_back_in=event.pk)
-        walks = [run.pk for run in runs if run.pk in counts]
+        walks = [run.pk for run in runs if run.pk in counts] + rewound
         transaction.on_commit(lambda: enqueue_walks(walks))
     return replace(scope, id=event.pk)
+
+
+def _rewinds_to_rollbacks(runs: list[Session], error: str, actor: str, now: datetime,
+                          history: list[SessionTransition]) -> list[uuid.UUID]:
+    """Runs of the agent in the middle of a rewind (lifecycle/rewind.py) are neither open nor ended:
+    their rewinds become rollbacks (the walk then goes on to the bottom of the stack and ends them
+    `compensated`), so the incident does not let them run again. Their walks, to enqueue."""
+    if not runs:
+        return []
+    Session.objects.filter(pk__in=[run.pk for run in runs]).update(rewind_to=None, error=error, updated=now)
+    history.extend(SessionTransition(session=run, from_state=run.state, to_state=run.state, actor=actor, created=now,
+                                     reason=f"the rewind became a rollback: {error}"[:2000]) for run in runs)
+    return [run.pk for run in runs if run.state == Session.State.COMPENSATING]
 
 
 def _fail(runs: list[Session], error: str, actor: str, now: datetime, history: list[SessionTransition]) -> None:
@@ -383,7 +399,7 @@ _OPEN = ", ".join(f"'{state}'" for state in sorted(UndoEntry.OPEN))
 _FINISH = f"""
 WITH finished AS (
     UPDATE effects_session s SET state = 'compensated', updated = %(now)s, ended_at = %(now)s
-    WHERE s.id = ANY(%(sessions)s::uuid[]) AND s.state = 'compensating'
+    WHERE s.id = ANY(%(sessions)s::uuid[]) AND s.state = 'compensating' AND s.rewind_to IS NULL
       AND NOT EXISTS (SELECT 1 FROM effects_undoentry u WHERE u.session_id = s.id AND u.state IN ({_OPEN}))
     RETURNING s.id, s.org_id, s.step_index
 ), history AS (

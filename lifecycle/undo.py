@@ -18,7 +18,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core import metrics, retry
@@ -124,6 +125,7 @@ def top_entry(session_id: uuid.UUID | str) -> UndoEntry | None:
     its 2.8 ms, once per compensation."""
     if not fastpath.available():
         return (UndoEntry.objects.filter(session_id=session_id, session__state=Session.State.COMPENSATING)
+                .filter(step_index__gt=Coalesce(F("session__rewind_to"), -1))  # a rewind walks above its step
                 .open().lifo().select_related("effect").first())
     row = fastpath.execute(_TOP, {"session": session_id})
     return _entry_of(row) if row is not None else None
@@ -148,6 +150,7 @@ _TOP_COLUMNS = (", ".join(f"u.{f.column}" for f in _ENTRY_FIELDS) + ", "
 _TOP_FROM = f"""
 FROM effects_undoentry u
 JOIN effects_session s ON s.id = u.session_id AND s.state = 'compensating'
+    AND u.step_index > COALESCE(s.rewind_to, -1)  -- a rewind walks only the entries above its step
 JOIN effects_effect e ON e.id = u.effect_id
 WHERE u.session_id = %(session)s AND u.state IN ({", ".join(f"'{state}'" for state in sorted(UndoEntry.OPEN))})"""
 _TOP = f"SELECT {_TOP_COLUMNS} {_TOP_FROM} ORDER BY u.step_index DESC, u.created DESC LIMIT 1"
@@ -156,8 +159,13 @@ _TOP = f"SELECT {_TOP_COLUMNS} {_TOP_FROM} ORDER BY u.step_index DESC, u.created
 def _finish(session_id: uuid.UUID | str) -> None:
     # org_id and step_index too: the move announces the change (session.updated) without a query.
     session = (Session.objects.filter(pk=session_id, state=Session.State.COMPENSATING)
-               .only("state", "org_id", "step_index").first())
+               .only("state", "org_id", "step_index", "rewind_to").first())
     if session is None:
+        return
+    if session.rewind_to is not None:
+        from lifecycle import rewind  # a rewind's walk is done: the run goes on at its step
+
+        rewind.resume(session_id)
         return
     try:
         with transaction.atomic():
@@ -407,7 +415,8 @@ def due_sessions(now: datetime | None = None, limit: int = 500) -> list[uuid.UUI
     """
     now = now or timezone.now()
     quiet = now - timedelta(seconds=settings.UNDOLOG_UNDO_STALL_S)
-    top = UndoEntry.objects.filter(session=OuterRef("pk")).open().lifo()
+    top = (UndoEntry.objects.filter(session=OuterRef("pk"))
+           .filter(step_index__gt=Coalesce(OuterRef("rewind_to"), -1)).open().lifo())  # a rewind's scope
     sessions = Session.objects.filter(state=Session.State.COMPENSATING).annotate(
         top_state=Subquery(top.values("state")[:1]),
         top_due=Subquery(top.values("next_attempt_at")[:1]),

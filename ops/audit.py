@@ -37,7 +37,7 @@ from orgs.models import Event, Organization
 # added later under one of these prefixes (rule.created, grant.revoked) is covered without a change.
 AUDITED_PREFIXES = ("approval.", "rule.", "grant.", "policy.", "incident.", "compensation.", "undo_entry.",
                     "agent.", "key.", "budget.", "reviewer_group.")
-AUDITED_KINDS = frozenset({"permission_denied", "session.abandoned", "session.compensated"})
+AUDITED_KINDS = frozenset({"permission_denied", "session.abandoned", "session.compensated", "session.rewound"})
 # An event committed this long after its `created` stamp is still sealed (the seal re-reads this window).
 SLACK = timedelta(minutes=10)
 BATCH = 500

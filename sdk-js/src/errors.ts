@@ -153,6 +153,19 @@ export class SessionNotRunning extends Refused {
   }
 }
 
+/**
+ * A rewind the server would not start: `irreversible_in_the_way` (`irreversible` names the
+ * calls: rewind with `leaveIrreversible: true` to leave them done), `rewind_in_progress`,
+ * `walk_stopped` (a compensation waits for a person) or `step_outside_run`.
+ */
+export class RewindRefused extends UndologError {
+  static override readonly defaultCode: string = "rewind_refused";
+  get irreversible(): Body[] {
+    const found = this.body["irreversible"];
+    return Array.isArray(found) ? (found as Body[]) : [];
+  }
+}
+
 /** A tool declared wrongly (a compensable tool without a compensation...): thrown at definition. */
 export class ToolDefinitionError extends Error {
   constructor(message: string) {
@@ -172,6 +185,10 @@ const BY_CODE: Record<string, ErrorClass> = {
   session_awaiting_approval: SessionAwaitingApproval,
   idempotency_key_reused: IdempotencyKeyReused,
   invalid: InvalidRequest,
+  irreversible_in_the_way: RewindRefused,
+  rewind_in_progress: RewindRefused,
+  walk_stopped: RewindRefused,
+  step_outside_run: RewindRefused,
 };
 
 /** Map one non-2xx answer to its error (the API contract's answers table). */

@@ -24,6 +24,7 @@ export {
   IdempotencyKeyReused,
   InvalidRequest,
   Refused,
+  RewindRefused,
   SessionAwaitingApproval,
   SessionNotRunning,
   ToolDefinitionError,

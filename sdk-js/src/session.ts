@@ -20,6 +20,7 @@ import {
   EffectInFlight,
   EffectUndone,
   InvalidRequest,
+  RewindRefused,
   SessionNotRunning,
   UndologConnectionError,
   UndologError,
@@ -154,10 +155,11 @@ export class Session {
       answer = await this.http.send({ method: "POST", path: "/api/v1/sessions", body });
     }
     this.apply(answer);
-    // The server keeps the highest step index seen (0 for a new session) and drops SAFE
-    // reports of a step it already has, so a resumed run starts past it.
+    // The server keeps the highest step index seen (0 for a new session: the run before any
+    // call) and drops SAFE reports of a step it already has, so a run's calls are numbered from
+    // past it: from 1 in a new run, so that a rewind to step 0 undoes every call.
     const last = this.data["step_index"];
-    if (typeof last === "number") this.step = resumed ? last + 1 : last;
+    if (typeof last === "number") this.step = last + 1;
   }
 
   /**
@@ -251,6 +253,53 @@ export class Session {
       }
       if (Date.now() >= deadline) throw new UndologTimeout(`session ${this.id} still ${this.state} after ${timeout}s`);
       await sleep(1000 * (options.pollInterval ?? 0.5), signal);
+    }
+  }
+
+  // -- savepoints and rewind (issue 41) -------------------------------------------------
+
+  /** Name the run's current step (its SAFE calls so far reported first), for `rewind({ to: name })`. */
+  async savepoint(name: string): Promise<{ name: string; step_index: number }> {
+    await this.reportSafe();
+    return (await this.http.send({ method: "POST", path: `/api/v1/sessions/${this.id}/savepoints`, body: { name } })) as {
+      name: string; step_index: number;
+    };
+  }
+
+  /**
+   * Roll the run back to step `to` (or the savepoint named `to`): the server undoes every effect
+   * after it, newest first; this resolves once the run runs again at that step, and the next call
+   * is numbered after it. The answer says what was undone (`to_undo`), what was left done
+   * (`left_done`) and the step the run resumed at (`resumes_at`). Irreversible calls after the
+   * step throw `RewindRefused` naming them (`irreversible`), unless `leaveIrreversible`.
+   */
+  async rewind(options: { to: number | string; reason?: string; leaveIrreversible?: boolean; timeout?: number;
+    pollInterval?: number; signal?: AbortSignal }): Promise<Body> {
+    await this.reportSafe();
+    const body: Body = { reason: options.reason ?? "", leave_irreversible: options.leaveIrreversible ?? false };
+    body[typeof options.to === "string" ? "to" : "to_step"] = options.to;
+    const signal = options.signal ?? this.signal;
+    const answer = await this.http.send({ method: "POST", path: `/api/v1/sessions/${this.id}/rewind`, body, signal });
+    this.step = Number(answer["resumes_at"]) + 1; // the run goes on after the step it went back to
+    for (const item of (answer["to_undo"] as Body[] | undefined) ?? []) this.undoable.delete(String(item["effect"]));
+    this.apply(answer);
+    const deadline = Date.now() + (options.timeout ?? 60) * 1000;
+    while (this.state !== "running" && this.state !== "awaiting_approval") {
+      if (this.state === "compensation_failed") {
+        throw new RewindRefused(`the rewind of run ${this.id} stopped: a compensation failed and waits for a person `
+          + "(retry or resolve it on the run's page)", { code: "walk_stopped", body: this.data });
+      }
+      if (Date.now() >= deadline) throw new UndologTimeout(`run ${this.id} still rewinding (${this.state})`);
+      await sleep(1000 * (options.pollInterval ?? 0.2), signal);
+      this.apply(await this.http.send({ method: "GET", path: `/api/v1/sessions/${this.id}`, signal }));
+    }
+    return answer;
+  }
+
+  private async reportSafe(): Promise<void> {
+    while (this.safe.length) {
+      this.apply(await this.http.send({ method: "POST", path: `/api/v1/sessions/${this.id}/safe-calls`,
+        body: { safe_calls: this.drainSafe() } }));
     }
   }
 

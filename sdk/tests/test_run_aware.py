@@ -58,8 +58,8 @@ def test_a_safe_untrusted_read_reports_its_output_and_a_trusted_one_does_not(
     assert opened["inputs"] == {"task": "triage"}
     [complete] = server.bodies("/complete")
     assert complete["safe_calls"] == [
-        {"tool": "read_inbox", "step_index": 0, "args": {}, "output": MAIL},
-        {"tool": "list_contacts", "step_index": 1, "args": {}}]
+        {"tool": "read_inbox", "step_index": 1, "args": {}, "output": MAIL},
+        {"tool": "list_contacts", "step_index": 2, "args": {}}]
 
 
 def test_an_async_untrusted_read_reports_its_output(server: FakeServer,

@@ -93,10 +93,10 @@ def test_safe_calls_make_no_request_and_ride_on_the_next_one(client: UndoLogClie
         send_email("a@x.io")
     [intercept] = server.bodies("/intercept")
     assert intercept == {
-        "tool": "send_email", "args": {"to": "a@x.io", "subject": "hi"}, "step_index": 2,
+        "tool": "send_email", "args": {"to": "a@x.io", "subject": "hi"}, "step_index": 3,
         "safe_calls": [
-            {"tool": "list_inactive_accounts", "step_index": 0, "args": {"limit": 10}},
-            {"tool": "list_inactive_accounts", "step_index": 1, "args": {"limit": 1}}]}
+            {"tool": "list_inactive_accounts", "step_index": 1, "args": {"limit": 10}},
+            {"tool": "list_inactive_accounts", "step_index": 2, "args": {"limit": 1}}]}
 
 
 def test_trailing_safe_calls_are_reported_when_the_session_completes(client: UndoLogClient,
@@ -104,7 +104,7 @@ def test_trailing_safe_calls_are_reported_when_the_session_completes(client: Und
     with client.session(agent="cleanup") as s:
         list_inactive_accounts()
     assert server.bodies("/complete") == [{"safe_calls": [
-        {"tool": "list_inactive_accounts", "step_index": 0, "args": {"limit": 10}}]}]
+        {"tool": "list_inactive_accounts", "step_index": 1, "args": {"limit": 10}}]}]
     assert s.state == "completed"
 
 
@@ -151,7 +151,7 @@ def test_a_resumed_session_replays_what_was_committed(client: UndoLogClient,
         assert send_email("a@x.io") == {"message_id": "<a@x.io>"}
     assert ran == ["send a@x.io"]
     assert again.id == first.id and again.state == "completed"
-    assert server.bodies("/intercept")[-1]["step_index"] == 1
+    assert server.bodies("/intercept")[-1]["step_index"] == 2
 
 
 def test_a_replay_of_an_effect_in_flight_elsewhere_raises(client: UndoLogClient,
@@ -369,7 +369,7 @@ def test_parallel_async_calls_share_the_session_and_get_distinct_steps(
             return list(await asyncio.gather(*(count_things(n) for n in range(5))))
 
     assert asyncio.run(run()) == [0, 2, 4, 6, 8]
-    assert sorted(b["step_index"] for b in server.bodies("/intercept")) == [0, 1, 2, 3, 4]
+    assert sorted(b["step_index"] for b in server.bodies("/intercept")) == [1, 2, 3, 4, 5]
 
 
 def _effect_id(server: FakeServer, to: str) -> str:

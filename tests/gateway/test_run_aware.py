@@ -54,7 +54,7 @@ def test_a_write_carrying_what_an_untrusted_read_answered_waits_and_says_why(har
     session = session_of(acme)
     [approval] = ApprovalRequest.objects.filter(session=session)
     assert approval.why == [{"rule": "tainted-issue", "message": "The title came from text others wrote",
-                             "tainted": [{"arg": "title", "token": ATTACKER, "from_step": 0,
+                             "tainted": [{"arg": "title", "token": ATTACKER, "from_step": 1,
                                           "from_tool": "list_issues"}]}]
     assert gateway.tracker.calls("create_issue") == []
     assert RunFingerprint.objects.filter(session=session).exists()

@@ -51,10 +51,11 @@ def test_it_replays_what_a_crashed_run_committed_without_running_it_again(acme, 
     assert results[2] == {"message_id": "<cho@example.com>", "subject": "Your account"}
     effects = Effect.objects.filter(session_id=session_id).order_by("step_index")
     assert [(e.args["to"], e.state) for e in effects] == [(to, "committed") for to in SCRIPT]
-    # The resumed run numbers its steps after the highest the server had seen (2): the SAFE
-    # call is step 3, the replays take 4 and 5, the new call 6.
-    assert [e.step_index for e in effects] == [1, 2, 6]
-    assert list(SafeCall.objects.filter(session_id=session_id).values_list("step_index", flat=True)) == [0, 3]
+    # A run numbers its calls from 1 (step 0 is the run before any call), and the resumed run
+    # numbers its steps after the highest the server had seen (3): the SAFE call is step 4, the
+    # replays take 5 and 6, the new call 7.
+    assert [e.step_index for e in effects] == [2, 3, 7]
+    assert list(SafeCall.objects.filter(session_id=session_id).values_list("step_index", flat=True)) == [1, 4]
     assert s.state == "completed"
 
 

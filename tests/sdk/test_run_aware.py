@@ -104,7 +104,7 @@ def test_a_langchain_send_to_an_address_an_untrusted_email_carried_waits_and_say
         result = agent.invoke({"messages": [("user", "Answer the newest support email")]})
     person.finish()
 
-    assert held_why(s.id) == expected_why(0, "read_inbox")
+    assert held_why(s.id) == expected_why(1, "read_inbox")
     answers = [m.content for m in result["messages"] if isinstance(m, ToolMessage)]
     assert answers[1] == "DENIED: not the owner's address"
     assert RAN == []  # the held send never ran; the rejection halted the run before the second
@@ -126,7 +126,7 @@ def test_the_langchain_middleware_reports_the_output_and_only_the_named_fields_t
     person.finish()
 
     assert [a.effect.args for a in ApprovalRequest.objects.filter(effect__session_id=s.id)] == [{"to": ATTACKER}]
-    assert held_why(s.id) == expected_why(0, "read_inbox")
+    assert held_why(s.id) == expected_why(1, "read_inbox")
     assert list(RAN) == ["send_email ana@example.com", f"send_email {ATTACKER}"]
     assert list(Effect.objects.filter(session_id=s.id).order_by("step_index").values_list("state", flat=True)) \
         == ["committed", "committed"]
@@ -161,7 +161,7 @@ def test_an_openai_agents_send_to_an_address_an_untrusted_email_carried_waits_an
     s = asyncio.run(run())
     person.finish()
 
-    assert held_why(s.id) == expected_why(0, "read_inbox_oa")
+    assert held_why(s.id) == expected_why(1, "read_inbox_oa")
     assert tool_outputs(model.seen[-1])[-1] == "DENIED: not the owner's address"
     assert RAN == []
     assert_no_raw_output(s.id)

@@ -33,8 +33,8 @@ def test_it_runs_a_safe_call_without_a_request_and_reports_it_with_the_next_one(
         assert wire.requests[len(before):] == [("POST", f"/api/v1/sessions/{s.id}/intercept"),
                                                ("POST", f"/api/v1/effects/{effect.id}/commit")]
         [safe] = SafeCall.objects.filter(session_id=s.id)  # it came with the intercept
-        assert (safe.tool_name, safe.step_index, safe.args) == ("list_inactive_accounts", 0, {})
-        assert effect.step_index == 1
+        assert (safe.tool_name, safe.step_index, safe.args) == ("list_inactive_accounts", 1, {})
+        assert effect.step_index == 2
     assert took < 0.01
     session = Session.objects.get(pk=s.id)
     assert (session.state, session.tool_calls, float(session.cost)) == ("completed", 2, 1.01)
@@ -49,7 +49,7 @@ def test_it_sends_the_last_safe_calls_with_complete(acme, server, client):
         assert len(wire.requests) == 1  # the session's creation only
 
     assert wire.requests[-1] == ("POST", f"/api/v1/sessions/{s.id}/complete")
-    assert list(SafeCall.objects.filter(session_id=s.id).values_list("step_index", flat=True)) == [0, 1]
+    assert list(SafeCall.objects.filter(session_id=s.id).values_list("step_index", flat=True)) == [1, 2]
     assert Session.objects.get(pk=s.id).tool_calls == 2
 
 

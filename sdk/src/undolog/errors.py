@@ -24,6 +24,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidRequest",
     "Refused",
+    "RewindRefused",
     "SessionAwaitingApproval",
     "SessionNotRunning",
     "ToolNotRegistered",
@@ -192,7 +193,23 @@ class SessionNotRunning(Refused):
         return self.body.get("state")
 
 
+class RewindRefused(UndoLogError):
+    """A rewind the server would not start: ``irreversible_in_the_way`` (``irreversible`` names
+    the calls: rewind with ``leave_irreversible=True`` to leave them done), ``rewind_in_progress``,
+    ``walk_stopped`` (a compensation waits for a person) or ``step_outside_run``."""
+
+    default_code = "rewind_refused"
+
+    @property
+    def irreversible(self) -> list[dict[str, Any]]:
+        return list(self.body.get("irreversible") or [])
+
+
 _BY_CODE: dict[str, type[UndoLogError]] = {
+    "irreversible_in_the_way": RewindRefused,
+    "rewind_in_progress": RewindRefused,
+    "walk_stopped": RewindRefused,
+    "step_outside_run": RewindRefused,
     "tool_not_registered": ToolNotRegistered,
     "agent_suspended": AgentSuspended,
     "session_not_running": SessionNotRunning,

@@ -30,6 +30,7 @@ from .errors import (
     EffectInFlight,
     EffectUndone,
     InvalidRequest,
+    RewindRefused,
     SessionNotRunning,
     UndoLogConnectionError,
     UndoLogError,
@@ -72,6 +73,7 @@ Flow = Generator[Op, Any, Any]
 _UNDONE = frozenset({"compensating", "compensated", "compensation_failed"})
 _COMPENSATION_OVER = frozenset({"compensated", "compensation_failed"})
 _NOTHING_TO_UNDO = frozenset({"completed", "halted"})
+_RUNS = frozenset({"running", "awaiting_approval"})  # a rewind is over: the run goes on
 MAX_SAFE_REPORT = 1000  # the server's limit on safe_calls per request
 _NO_OUTPUT = object()
 _JSON = (str, int, float, bool, type(None), list, dict)
@@ -155,13 +157,13 @@ class Session:
         return Call("POST", "/api/v1/sessions", body)
 
     def _open(self, answer: Mapping[str, Any]) -> None:
-        resumed = self.id is not None
         self._apply(answer)
-        # The server keeps the highest step index seen (0 for a new session) and drops
-        # SAFE reports of a step it already has, so a resumed run starts past it.
+        # The server keeps the highest step index seen (0 for a new session: the run before any
+        # call) and drops SAFE reports of a step it already has, so a run's calls are numbered
+        # from past it: from 1 in a new run, so that a rewind to step 0 undoes every call.
         last = self.data.get("step_index")
         if isinstance(last, int):
-            self._steps = itertools.count(last + 1 if resumed else last)
+            self._steps = itertools.count(last + 1)
         self._token = CURRENT.set(self)
 
     def _deactivate(self) -> None:
@@ -269,6 +271,67 @@ class Session:
             if time.monotonic() >= deadline:
                 raise UndoLogTimeout(f"session {self.id} still {self.state} after {timeout}s")
             yield Sleep(poll_interval)
+
+    # -- savepoints and rewind (issue 41) ----------------------------------------
+
+    def savepoint(self, name: str) -> dict[str, Any]:
+        """Name the run's current step (its SAFE calls so far reported first), for
+        ``rewind(to=name)``: ``{"name", "step_index"}``."""
+        return self._drive(self._savepoint_flow(name))
+
+    async def asavepoint(self, name: str) -> dict[str, Any]:
+        """Async twin of ``savepoint``."""
+        return await self._adrive(self._savepoint_flow(name))
+
+    def rewind(self, to: int | str, *, reason: str = "", leave_irreversible: bool = False,
+               timeout: float = 60.0, poll_interval: float = 0.2) -> dict[str, Any]:
+        """Roll the run back to step ``to`` (or the savepoint named ``to``): the server undoes
+        every effect after it, newest first; this returns once the run runs again at that step,
+        and the next call is numbered after it. The answer says what was undone (``to_undo``),
+        what was left done (``left_done``) and the step the run resumed at (``resumes_at``).
+        Irreversible calls after the step raise ``RewindRefused`` naming them
+        (``.irreversible``), unless ``leave_irreversible``."""
+        return self._drive(self._rewind_flow(to, reason, leave_irreversible, timeout,
+                                             poll_interval))
+
+    async def arewind(self, to: int | str, *, reason: str = "", leave_irreversible: bool = False,
+                      timeout: float = 60.0, poll_interval: float = 0.2) -> dict[str, Any]:
+        """Async twin of ``rewind``."""
+        return await self._adrive(self._rewind_flow(to, reason, leave_irreversible, timeout,
+                                                    poll_interval))
+
+    def _report_safe_flow(self) -> Flow:
+        """Report the SAFE calls queued so far, so the server's step is the run's."""
+        while self._safe:
+            self._apply((yield Call("POST", f"/api/v1/sessions/{self.id}/safe-calls",
+                                    {"safe_calls": self._drain_safe()})))
+
+    def _savepoint_flow(self, name: str) -> Flow:
+        yield from self._report_safe_flow()
+        return (yield Call("POST", f"/api/v1/sessions/{self.id}/savepoints", {"name": name}))
+
+    def _rewind_flow(self, to: int | str, reason: str, leave_irreversible: bool, timeout: float,
+                     poll_interval: float) -> Flow:
+        yield from self._report_safe_flow()
+        body: dict[str, Any] = {"reason": reason, "leave_irreversible": leave_irreversible}
+        body["to" if isinstance(to, str) else "to_step"] = to
+        answer = yield Call("POST", f"/api/v1/sessions/{self.id}/rewind", body)
+        step = int(answer["resumes_at"])
+        self._steps = itertools.count(step + 1)  # the run goes on after the step it went back to
+        self._undoable -= {item["effect"] for item in answer.get("to_undo", [])}
+        deadline = time.monotonic() + timeout
+        self._apply(answer)
+        while self.state not in _RUNS:
+            if self.state == "compensation_failed":
+                raise RewindRefused(f"the rewind of run {self.id} stopped: a compensation "
+                                    "failed and waits for a person (retry or resolve it on the "
+                                    "run's page)", code="walk_stopped", body=self.data)
+            if time.monotonic() >= deadline:
+                raise UndoLogTimeout(f"run {self.id} still rewinding ({self.state}) after "
+                                     f"{timeout}s")
+            yield Sleep(poll_interval)
+            self._apply((yield Call("GET", f"/api/v1/sessions/{self.id}")))
+        return answer
 
     # -- tool calls (entered from the decorator's wrappers) ----------------------
 

@@ -23,6 +23,7 @@ is a tool result with ``isError`` and the message as text.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -63,7 +64,9 @@ log = logging.getLogger("undolog.gateway")
 FINISH_RUN = "undolog_finish_run"
 FAIL_RUN = "undolog_fail_run"
 START_RUN = "undolog_start_run"
-META_TOOLS = (START_RUN, FINISH_RUN, FAIL_RUN)
+SAVEPOINT = "undolog_savepoint"  # rewind (issue 41): name a step, go back to one
+REWIND = "undolog_rewind"
+META_TOOLS = (START_RUN, FINISH_RUN, FAIL_RUN, SAVEPOINT, REWIND)
 RUN_ARG = "undolog_run"  # the run handle every exposed tool takes (stripped before the upstream)
 # What the model reads about each of them: (name, description, input schema).
 _META_TOOL_DECLARATIONS = (
@@ -84,6 +87,26 @@ _META_TOOL_DECLARATIONS = (
         "Fail this run and roll it back: every change it made that has an undo is "
         "undone, newest first. Give the reason.",
         {"type": "object", "properties": {"reason": {"type": "string"}}, "required": ["reason"]},
+    ),
+    (
+        SAVEPOINT,
+        f"Name this point of the run, to come back to it with {REWIND} if what follows goes wrong.",
+        {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    ),
+    (
+        REWIND,
+        "Go back to a savepoint (or a step number): every change made after it that has an undo "
+        "is undone, newest first, and the run goes on from there. Forget what you did after it. "
+        "Irreversible changes after it refuse the rewind, unless leave_irreversible is true.",
+        {
+            "type": "object",
+            "properties": {
+                "to": {"type": ["string", "integer"]},
+                "reason": {"type": "string"},
+                "leave_irreversible": {"type": "boolean"},
+            },
+            "required": ["to"],
+        },
     ),
 )
 MAX_HANDLE_CHARS = 64
@@ -188,6 +211,7 @@ class Run:
             approval_timeout=config.approval_wait_s,
             poll_wait=max(1.0, min(30.0, config.approval_wait_s)),
         )
+        self.session._steps = itertools.count(1)  # step 0 is the run before any call (rewind)
         self.opened = False
         self.handle = False  # named by its handle: any replica may serve it
         self.shared = False  # a conversation's run whose handle was given out: another may use it
@@ -377,7 +401,7 @@ class Gateway:
             for tool in self.listed.get(server.name, []):
                 exposed = (
                     tool.name
-                    if counts[tool.name] == 1 and tool.name not in (FINISH_RUN, FAIL_RUN)
+                    if counts[tool.name] == 1 and tool.name not in META_TOOLS
                     else f"{server.name}_{tool.name}"
                 )
                 spec, why = tier_tool(server, tool, exposed)
@@ -603,6 +627,8 @@ class Gateway:
             caller.access["run"] = run  # its id once opened (the access line is written after)
         if name in (FINISH_RUN, FAIL_RUN):
             return await self._meta(run, name, args)
+        if name in (SAVEPOINT, REWIND):
+            return await self._rewind(run, name, args)
         assert route is not None
         if run.over is not None:
             return error_result(run.over)
@@ -791,6 +817,37 @@ class Gateway:
         return text_result(
             f"Run failed ({reason}); its changes are being rolled back newest first "
             f"(session {state}); {next_run}."
+        )
+
+    async def _rewind(self, run: Run, name: str, args: dict[str, Any]) -> Any:
+        """``undolog_savepoint`` and ``undolog_rewind``: the SDK's ``savepoint`` and ``rewind``
+        (the rewind's agent-side undos are this gateway's, claimed meanwhile)."""
+        if run.over is not None:
+            return error_result(run.over)
+        try:
+            await run.ensure_open()
+            if name == SAVEPOINT:
+                point = await run.session.asavepoint(str(args.get("name") or ""))
+                return text_result(
+                    f"Savepoint {point['name']!r} marks step {point['step_index']}; call {REWIND} "
+                    f"with to={point['name']!r} to come back to it."
+                )
+            steps = run.session._steps
+            answer = await run.session.arewind(
+                args.get("to"),
+                reason=str(args.get("reason") or ""),
+                leave_irreversible=bool(args.get("leave_irreversible")),
+            )
+            if isinstance(steps, _Clock):
+                run.session._steps = steps  # replicas' steps keep their order (after the step)
+        except UndoLogError as exc:
+            return error_result(refusal_as_tool_result(exc))
+        undone = ", ".join(f"{i['tool']} (step {i['step_index']})" for i in answer["to_undo"])
+        left = ", ".join(f"{i['tool']} (step {i['step_index']})" for i in answer["left_done"])
+        return text_result(
+            f"Rewound to step {answer['resumes_at']}: undone, newest first: {undone or 'nothing'}"
+            + (f"; not undone (irreversible): {left}" if left else "")
+            + ". The run goes on from there: what you did after it did not happen."
         )
 
     # -- compensations that run here -----------------------------------------------------
