@@ -37,9 +37,10 @@ The invariants, as checked (each violation carries its evidence):
   from arrival to answer, or to the sender's timeout for one the receiver stalled), and
   `redelivery explained`: a second delivery of a key is allowed only where the one before was cut
   short: the receiver answered 5xx, dropped the connection or stalled past the timeout
-  (`redeliveries_after_receiver`), or a fault was under way between the two (from its start to
-  `FAULT_REACH_S` after its heal: a killed, stopped, cut or restarted worker, a failover, Redis;
-  `redeliveries_after_fault`). Any other is a violation.
+  (`redeliveries_after_receiver`), or a fault that can cut a delivery short was under way between
+  the two (from its start to `FAULT_REACH_S` after its heal: a worker killed, stopped, cut from the
+  receiver, its link down or restarted; a failover; `redeliveries_after_fault`). Any other is a
+  violation.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ ROLLED_BACK = ("failed", "compensating", "compensated", "compensation_failed")
 NEVER_STARTED = ("pending", "approved", "rejected", "expired")
 # How long after its heal a fault may still cut a delivery short: the lease (the function's
 # timeout plus UNDOLOG_UNDO_STALL_S), the sweep's period, a restarted worker's start.
-FAULT_REACH_S = 20.0
+FAULT_REACH_S = 10.0
+# The faults that can cut a delivery short: those that strike a worker mid-attempt (killed,
+# stopped, cut from the receiver, its link down, restarted for its clock) and the failover (the
+# record of an attempt lost with the primary). A web node's, beat's or Redis's fault cannot: a
+# redelivery under one of those alone is a violation.
+CUTS_DELIVERIES = {("worker-receiver", "worker"), ("link-down", "worker"), ("sigkill", "worker"),
+                   ("sigstop", "worker"), ("clock", "worker"), ("failover", "primary")}
 
 
 def _load(path: Path) -> list[dict]:
@@ -280,7 +287,8 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         by_key[d["key"]].append(d)
     applied_at: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
     after_receiver = after_fault = 0
-    windows = [(f["at"], f["healed"] + FAULT_REACH_S) for f in faults]
+    windows = [(f["at"], f["healed"] + FAULT_REACH_S) for f in faults
+               if (f["kind"], f.get("role", "worker")) in CUTS_DELIVERIES]
     for key, sent in by_key.items():
         row = entries.get(key)
         if row is None:
