@@ -12,16 +12,18 @@ The invariants, as checked (each violation carries its evidence):
 - `503 changed nothing`: an intercept answered 503, sent again, is answered as a first call
   (201/202), never as a replay of a call the 503 recorded (unless a broken connection, which may
   have recorded it, came between).
-- `replay answers the first`: the same call answered 2xx twice names the same effect (and the same
-  undo entry).
+- `replay answers the first`: the answers to one call name one effect, at most one of them a
+  first answer (201/202); a call's first answer is a replay only after an attempt that may have
+  recorded it (a broken connection, a 503).
 - `executed once`: no effect is answered `execute` twice.
 - `execute names its undo entry`: every 201 `execute` names an undo entry that exists, of that effect.
 - `acknowledged commit kept`: every commit answered 200 is in the database with its result, the
   effect committed (or undone since, when its run was rolled back).
 - `failed run rolled back`: every run whose rollback was acknowledged (`/fail` 200, a reject
   `?rollback=true` 200, a fleet rollback 200 that took it) ends compensated, or
-  `compensation_failed` with every entry left undone escalated with its reason; each of its
-  `execute`d effects is compensated (or escalated, or skipped: it never started).
+  `compensation_failed` with the entry that stopped the walk escalated with its reason (the older
+  ones waiting for that person); every other entry compensated (or skipped: its effect never
+  started), and no compensable effect of the run without an undo entry.
 - `completed run kept`: every `/complete` 200 ends completed, nothing of it undone (unless a fleet
   rollback took it later).
 - `rejection halts`: a reject 200 (the deciding one) leaves the effect rejected and its run halted.
@@ -150,6 +152,11 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
             violation("replay answers the first", answers=[(e["status"], e["answer"]) for e in served])
         if served and served[0]["status"] == 200 and served[0]["answer"].get("decision") == "replay":
             before = [a for a in attempts if a["t1"] <= served[0]["t0"]]
+            if not any(a["status"] in (0, 503) for a in before):
+                # The first answer this call got is a replay, and no attempt before it can have
+                # recorded it: the call was recorded without being answered `execute` (or held).
+                violation("replay answers the first", why="a replay of a call never answered",
+                          answers=[(a["status"], a["answer"]) for a in attempts])
             # A 503 that says the outcome is unknown (its connection broke under a write) may have
             # recorded it, as may a broken connection; any other 503 said "nothing was changed".
             if any(a["status"] == 503 and a["answer"].get("outcome") != "unknown" for a in before) \
@@ -241,6 +248,11 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         if run["state"] == "compensation_failed" and not escalated:
             violation("failed run rolled back", session=session, why="compensation_failed with no escalated entry")
         waits_below = max(escalated, default=-1)
+        kept = {entries[k]["effect"] for k in entries_of[session]}
+        for effect_id, effect in effects.items():
+            if effect["session"] == session and effect["tool"] not in irreversible and effect_id not in kept:
+                violation("failed run rolled back", session=session, effect=effect_id, row=effect,
+                          why="an effect of the run with no undo entry: nothing can undo it")
         for key in entries_of[session]:
             row = entries[key]
             effect = effects[row["effect"]]
