@@ -669,8 +669,11 @@ def print_report(report: dict, out=print) -> None:
     out(f"violations: {len(report['violations'])} {dict(Counter(v['rule'] for v in report['violations']))}")
     if "stall" in report:
         out("stall: " + json.dumps(report["stall"], default=str)[:6000])
-    for violation in report["violations"][:50]:
-        out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:600]}")
+    shown: Counter[str] = Counter()
+    for violation in report["violations"]:  # up to five of each rule, each with its evidence
+        shown[violation["rule"]] += 1
+        if shown[violation["rule"]] <= 5:
+            out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:1500]}")
 
 
 if __name__ == "__main__":
