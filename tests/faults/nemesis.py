@@ -14,8 +14,10 @@ The workload reaches the races: each run's calls come in batches issued at once 
 parallel tool calls), irreversible ones too, over a cap of one per run (held for people, decided
 by an approve rule on the fast approval path, or left to expire); reviewers race to approve,
 reject, or reject and roll back; an admin rolls one agent's runs back (fleet rollback) during the
-faults. The receiver fails some deliveries (5xx, a dropped connection, a stall past the sender's
-timeout: applied, answered too late).
+faults; every run being rolled back gets a second walk task every 0.3 s (the broker's
+at-least-once delivery, made common: two workers walk one run at once). The receiver fails some
+deliveries (5xx, a dropped connection, a stall past the sender's timeout: applied, answered too
+late).
 
 Faults, one at a time, each healed before the next: a web node cut from the primary (nftables);
 a worker cut from Redis; a worker cut from the receiver mid-walk; a node's link taken down (a
@@ -69,6 +71,7 @@ FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "libfak
 CAP = 1  # max_irreversible_per_run
 FN_TIMEOUT_MS = 1000  # the undo webhook's timeout: the lease is this plus UNDOLOG_UNDO_STALL_S
 IRREVERSIBLE = {"delete_account", "refund", "wire"}
+WALK_TASK = "effects.tasks.walk_undo_stack"  # lifecycle/tasks.py's WALK
 ROLLED_BACK = ("failed", "compensating", "compensated", "compensation_failed")
 AGENTS = 6
 FLEET_AGENT = f"agent-{AGENTS - 1}"  # its runs are rolled back by an admin from time to time
@@ -97,7 +100,10 @@ class Handler(BaseHTTPRequestHandler):
             outcome = "5xx" if roll < 0.08 else "drop" if roll < 0.12 else "stall" if roll < 0.16 else "ok"
             first = outcome in ("ok", "stall") and key not in applied
             applied.add(key) if first else None
+        # `ended`: just before the sender can learn the answer (or the drop), so that a resend
+        # it makes at once never seems to overlap this one.
         if outcome == "drop":
+            ended = time.time()
             self.close_connection = True
             try:
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -106,6 +112,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             time.sleep(timeout + 0.3 if outcome == "stall" else hold)
             status, body = (503, b'{"error": "scripted"}') if outcome == "5xx" else (200, b'{"ok": true}')
+            ended = time.time()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -115,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
         with lock:
-            log.write(json.dumps({"key": key, "n": n, "arrived": arrived, "ended": time.time(), "outcome": outcome,
+            log.write(json.dumps({"key": key, "n": n, "arrived": arrived, "ended": ended, "outcome": outcome,
                                   "applied": first}) + "\\n")
             log.flush()
 
@@ -421,6 +428,24 @@ def admin(cluster: Cluster, history: History, token: str, stop: threading.Event,
         me.close()
 
 
+def duplicator(cluster: Cluster, stop: threading.Event) -> None:
+    """The broker's at-least-once delivery, made common: every 0.3 s each run being rolled back
+    gets a second walk task (as a redelivered or re-swept task would), so that two workers walk
+    one run at once; only the claim may keep them from sending one entry twice."""
+    from celery import Celery
+
+    broker = Celery(broker=cluster.redis_url)
+    while not stop.wait(0.3):
+        try:
+            with psycopg.connect(cluster.pg.url(), connect_timeout=2) as db:
+                walking = [str(row[0]) for row in db.execute(
+                    "SELECT id FROM effects_session WHERE state = 'compensating'").fetchall()]
+            for session in walking:
+                broker.send_task(WALK_TASK, args=[session])
+        except Exception:  # a fault in the way (the primary, Redis): the next round tries again
+            continue
+
+
 def inject(kind: str, role: str, cluster: Cluster, rng: random.Random, hold: float) -> str:
     """One fault, held for `hold` seconds, then healed. Returns what was done."""
     net = cluster.net
@@ -519,6 +544,7 @@ def run(seconds: float, work: Path, seed: int, min_faults: int = 0, hold: tuple[
         actors += [threading.Thread(target=reviewer, args=(n, cluster, history, tokens[n], stop, seed))
                    for n in (1, 2)]
         actors.append(threading.Thread(target=admin, args=(cluster, history, admin_token, stop, seed, since)))
+        actors.append(threading.Thread(target=duplicator, args=(cluster, stop), daemon=True))
         for actor in actors:
             actor.start()
         started = time.monotonic()
