@@ -364,6 +364,8 @@ def agent(n: int, cluster: Cluster, history: History, key: str, stop: threading.
                 going = all(_together(compensable, calls))
                 if not going or stop.is_set():
                     break
+                if fleet:  # the model thinks between steps: a fleet rollback lands there too
+                    time.sleep(rng.uniform(0.3, 1.0))
             if going and ending in ("held", "rule", "expire"):
                 tool = {"held": "delete_account", "rule": "refund", "expire": "wire"}[ending]
                 count = 1 if ending == "expire" else rng.randint(2, 3)  # over the cap: one admitted
