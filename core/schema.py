@@ -81,8 +81,9 @@ CODES: dict[int, tuple[str, list[str]]] = {
     423: ("The agent is suspended or stopped.", ["agent_suspended"]),
     429: ("Past the key's or the org's rate limit (`limit`, `retry_after_s` and `Retry-After` say which and "
           "when); nothing was done.", ["rate_limited"]),
-    503: ("The database is not reachable right now (`Retry-After`); nothing was changed.",
-          ["database_unavailable"]),
+    503: ("The database is not reachable right now (`Retry-After`); nothing was changed, unless the body says "
+          "`\"outcome\": \"unknown\"` (the connection broke under a write, which may have been recorded: send the "
+          "same request again, and a recorded one is answered as before).", ["database_unavailable"]),
 }
 
 

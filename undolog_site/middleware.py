@@ -8,7 +8,7 @@ import re
 
 import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from core import logs, observe
@@ -25,9 +25,14 @@ class DatabaseUnavailableMiddleware:
     connections, a failover) answers 503 `database_unavailable` with `Retry-After`, not 500.
 
     Nothing was half written: every write of a request is one transaction (or one statement on
-    the fast path), which the server rolls back when the connection drops. The connection is
-    closed at the request's end as always, and the psycopg pool discards a broken one, so the
-    next request gets a fresh connection: nothing to restart."""
+    the fast path), which the server rolls back when the connection drops. But a connection lost
+    while its commit (or the fast path's one statement) was on the way may have committed it:
+    the server cannot know. So "nothing was changed" is said only when it is certain: the request
+    never had a connection, or it reads only. A write whose connection broke under it answers
+    `"outcome": "unknown"`: sent again, it is answered as the first was if it was recorded (a
+    replay: the nemesis found a 503 whose call was recorded, issue 36). The connection is closed
+    at the request's end as always, and the psycopg pool discards a broken one, so the next
+    request gets a fresh connection: nothing to restart."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -39,9 +44,14 @@ class DatabaseUnavailableMiddleware:
         if not isinstance(exception, _DB_AWAY):
             return None
         log.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
-        response = JsonResponse({"error": "database_unavailable",
-                                 "message": "The database is not reachable right now; nothing was changed. "
-                                            "Retry shortly."}, status=503)
+        if request.method in ("GET", "HEAD", "OPTIONS") or connections[DEFAULT_DB_ALIAS].connection is None:
+            body = {"error": "database_unavailable",
+                    "message": "The database is not reachable right now; nothing was changed. Retry shortly."}
+        else:
+            body = {"error": "database_unavailable", "outcome": "unknown",
+                    "message": "The database connection was lost during this request: it may have been recorded. "
+                               "Send the same request again shortly: if it was recorded, it is answered as before."}
+        response = JsonResponse(body, status=503)
         response["Retry-After"] = str(settings.UNDOLOG_DATABASE_RETRY_AFTER_S)
         return response
 

@@ -1,19 +1,32 @@
 """The nemesis run: the production topology on hosts of its own (tests/netns.py: two web nodes, one
 ASGI node, two workers, beat, a PostgreSQL primary and its synchronous standby, Redis and a webhook
-receiver, one network namespace each), mixed traffic from agents and reviewers, and a scheduler
-injecting faults; every request and answer is recorded, and a checker then proves from that
-history, the receiver's log and the database what must hold (see `check`).
+receiver, one network namespace each), mixed traffic from agents, reviewers and an admin, and a
+scheduler injecting faults; every request and answer is recorded, and the checker
+(tests/faults/checker.py) then holds every acknowledged answer against the history, the
+receiver's log and the database.
 
-`python -m tests.faults.nemesis --seconds 600` (`make nemesis`) is the long run; the test suite
-runs a short one (tests/faults/test_nemesis.py). Root, iproute2 and nftables needed.
+`python -m tests.faults.nemesis --seconds 600` (`make nemesis`) is the long run; `make
+nemesis-short` (CI) runs one fault of each kind on each role it can strike (PLAN: 12). The seed
+varies and is printed; `--seed N` or `NEMESIS_SEED=N` replays one. `make nemesis-mutants`
+(tests/faults/mutate.py) proves the checker on deliberate bugs. Root, iproute2 and nftables needed.
 
-Faults, one at a time, each healed before the next (the kinds rotate, so a run of N faults has
-about N/8 of each): a web node cut from the primary (nftables); a worker cut from Redis; a worker
-cut from the receiver mid-walk; a node's link taken down (a web node or a worker: it reaches
-no one); SIGKILL of a process (a web node's gunicorn, a worker, beat, Redis), restarted; the
-failover (the primary crashes, the standby is promoted, the old host comes back as a fresh
-standby); a worker paused with SIGSTOP, then continued; a worker restarted with its clock 30-90 s
-off (libfaketime), then restarted right."""
+The workload reaches the races: each run's calls come in batches issued at once (as a model issues
+parallel tool calls), irreversible ones too, over a cap of one per run (held for people, decided
+by an approve rule on the fast approval path, or left to expire); reviewers race to approve,
+reject, or reject and roll back; an admin rolls one agent's runs back (fleet rollback) during the
+faults; every run being rolled back gets a second walk task every 0.3 s (the broker's
+at-least-once delivery, made common: two workers walk one run at once). The receiver fails some
+deliveries (5xx, a dropped connection, a stall past the sender's timeout: applied, answered too
+late).
+
+Faults, one at a time, each healed before the next: a web node cut from the primary (nftables);
+a worker cut from Redis; a worker cut from the receiver mid-walk; a node's link taken down (a
+web node, a worker); SIGKILL of a process (a web node's gunicorn, a worker, beat, Redis),
+restarted; the failover (the primary cut from its standby, then crashed; the standby promoted,
+the old host back as a fresh standby); a worker paused with SIGSTOP, then continued; a worker
+restarted with its clock 30-90 s off (libfaketime), then restarted right. Faults that stop or
+cut a worker are held past the lease (the function's timeout plus UNDOLOG_UNDO_STALL_S), so its
+claims are taken over."""
 
 from __future__ import annotations
 
@@ -31,12 +44,14 @@ import time
 from collections import Counter, defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import psycopg
 import redis
 
+from tests.faults import checker
 from tests.netns import network
 from tests.processes import BASE_DIR
 from tests.services import ReplicatedPostgres
@@ -44,37 +59,100 @@ from tests.topology import TOOLS, create_fleet
 
 NODES = ["web1", "web2", "ws", "worker1", "worker2", "beat", "pg1", "pg2", "redis", "receiver"]
 WEB, WORKERS = ["web1", "web2"], ["worker1", "worker2"]
-KINDS = ["web-pg", "worker-redis", "worker-receiver", "link-down", "sigkill", "failover", "sigstop", "clock"]
+# One fault of each kind on each role it can strike: the short run's plan (a long run repeats it,
+# each round in an order of its own). Faults that stop or cut a worker are held past the lease,
+# so that its claims are taken over.
+PLAN = [("web-pg", "web"), ("worker-redis", "worker"), ("worker-receiver", "worker"), ("link-down", "web"),
+        ("link-down", "worker"), ("sigkill", "web"), ("sigkill", "worker"), ("sigkill", "beat"),
+        ("sigkill", "redis"), ("failover", "primary"), ("sigstop", "worker"), ("clock", "worker")]
+KINDS = sorted({kind for kind, _ in PLAN})
+PAST_LEASE = {"worker-receiver", "link-down", "sigstop"}
 FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "libfaketime.so.1")
 CAP = 1  # max_irreversible_per_run
+FN_TIMEOUT_MS = 1000  # the undo webhook's timeout: the lease is this plus UNDOLOG_UNDO_STALL_S
+IRREVERSIBLE = {"delete_account", "refund", "wire"}
+WALK_TASK = "effects.tasks.walk_undo_stack"  # lifecycle/tasks.py's WALK
 ROLLED_BACK = ("failed", "compensating", "compensated", "compensation_failed")
 AGENTS = 6
+FLEET_AGENT = f"agent-{AGENTS - 1}"  # its runs are rolled back by an admin from time to time
 BRISK = {"UNDOLOG_UNDO_SWEEP_S": "1", "UNDOLOG_UNDO_STALL_S": "3", "DB_POOL_MAX": "10", "UNDOLOG_RATE_LIMITS": "0",
          "UNDOLOG_OUTBOX_GRACE_S": "2", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING", "ALLOWED_HOSTS": "*"}
+# The webhook receiver: a careful one (deduped by Idempotency-Key) that sometimes fails: 5xx, a
+# dropped connection (no answer), a stall past the sender's timeout (applied, answered too late).
+# Each delivery is logged once answered: its arrival and end, how it was answered, whether it
+# applied the key (the first success of it).
 RECEIVER = """
-import json, sys, threading
-from http.server import ThreadingHTTPServer
-from tests.receiver import Receiver
-log = open(sys.argv[2], "a")
-lock = threading.Lock()
-def behaviour(delivery):
-    with lock:
-        log.write(json.dumps({"key": delivery.key, "n": delivery.n, "at": delivery.at, "body": delivery.body,
-                              "verified": delivery.verified}) + "\\n")
-        log.flush()
-    return 200, 0.0
-receiver = Receiver(behaviour=behaviour, keep_alive=True)
-receiver.server.server_close()
-receiver.server = ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), receiver._handler_class(True))
-receiver.server.daemon_threads = True
-receiver.server.serve_forever()
+import json, random, socket, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, path, seed, timeout = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+log, lock, rng, seen, applied = open(path, "a"), threading.Lock(), random.Random(seed), {}, set()
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key, arrived = self.headers.get("Idempotency-Key", ""), time.time()
+        with lock:
+            seen[key] = n = seen.get(key, 0) + 1
+            roll, hold = rng.random(), rng.uniform(0.02, 0.1)
+            outcome = "5xx" if roll < 0.08 else "drop" if roll < 0.12 else "stall" if roll < 0.16 else "ok"
+            first = outcome in ("ok", "stall") and key not in applied
+            applied.add(key) if first else None
+        # `ended`: just before the sender can learn the answer (or the drop), so that a resend
+        # it makes at once never seems to overlap this one.
+        if outcome == "drop":
+            ended = time.time()
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        else:
+            time.sleep(timeout + 0.3 if outcome == "stall" else hold)
+            status, body = (503, b'{"error": "scripted"}') if outcome == "5xx" else (200, b'{"ok": true}')
+            ended = time.time()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass
+        with lock:
+            log.write(json.dumps({"key": key, "n": n, "arrived": arrived, "ended": ended, "outcome": outcome,
+                                  "applied": first}) + "\\n")
+            log.flush()
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+server.daemon_threads = True
+server.serve_forever()
 """
-BUDGET = """
+# The org's budget (a cap of CAP irreversible calls per run), the undo webhook's timeout, and an
+# admin (fleet rollbacks, the approve rule): its token is printed.
+SETUP = """
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
 from budgets.models import BudgetPolicy
-from orgs.models import Organization
-BudgetPolicy.objects.create(org=Organization.objects.get(slug="fleet"), max_irreversible_per_run={cap},
-                            on_exceeded="pause")
+from effects.models import CompensationFunction
+from orgs.models import Membership, Organization
+org = Organization.objects.get(slug="fleet")
+BudgetPolicy.objects.create(org=org, max_irreversible_per_run={cap}, on_exceeded="pause")
+CompensationFunction.objects.filter(org=org).update(timeout_ms={timeout_ms})
+user = get_user_model().objects.create_user("admin-1", password="pw-admin-1")
+Membership.objects.create(user=user, org=org, role="admin")
+print(Token.objects.create(user=user).key)
 """
+# The fleet's tools: TOOLS' two, an irreversible one an approve rule decides at once (the fast
+# approval path), and one whose requests nobody decides: they expire.
+NEMESIS_TOOLS = [*TOOLS,
+                 {"name": "refund", "tier": "irreversible", "approval": {"reason": "Money out", "timeout_s": 600}},
+                 {"name": "wire", "tier": "irreversible", "approval": {"reason": "Wires money", "timeout_s": 2}}]
 
 
 @dataclass
@@ -95,6 +173,7 @@ class Cluster:
                     **BRISK, "DATABASE_URL": pg.url(), "REDIS_URL": self.redis_url, "UNDOLOG_EMBEDDED_REDIS": "0",
                     "UNDOLOG_TESTING": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.seed = 0
 
     def command(self, node: str) -> list[str]:
         py = sys.executable
@@ -118,7 +197,8 @@ class Cluster:
             return [binary, "--port", str(self.redis_port), "--bind", "0.0.0.0", "--protected-mode", "no", "--save",
                     "", "--appendonly", "no", "--dir", str(self.work)]
         if node == "receiver":
-            return [py, "-c", RECEIVER, "9000", str(self.work / "receiver.jsonl")]
+            return [py, "-c", RECEIVER, "9000", str(self.work / "receiver.jsonl"), str(self.seed),
+                    str(FN_TIMEOUT_MS / 1000)]
         raise ValueError(node)
 
     def start(self, node: str, **env: str) -> None:
@@ -164,6 +244,8 @@ class History:
 
     def record(self, **entry) -> None:
         with self.lock:
+            if self.file.closed:
+                return  # an actor that outlived the run's end: the checker has its history already
             self.file.write(json.dumps(entry) + "\n")
             if entry.get("status") in (200, 201, 202):
                 self.acks.append(entry["t1"])
@@ -211,125 +293,218 @@ def _json(answer: httpx.Response) -> dict:
         return {"text": answer.text[:500]}
 
 
-def agent(n: int, cluster: Cluster, history: History, key: str, stop: threading.Event, runs: dict,
+def _together(work, items: list) -> list:
+    """work(item) for each item at once, each in a thread of its own (parallel tool calls, as a
+    model issues them); what each returned, in order."""
+    results: list = [None] * len(items)
+
+    def one(n: int) -> None:
+        results[n] = work(items[n])
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(len(items))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def agent(n: int, cluster: Cluster, history: History, key: str, stop: threading.Event, seed: int,
           reviewer_token: str) -> None:
-    """Runs: a few compensable calls (each committed; some sent again as after a timeout), then
-    maybe an irreversible call or two (the cap is one per run: the run over it pauses the agent,
-    and a reviewer resumes it), then complete or fail (rollback)."""
+    """Runs: batches of compensable calls issued at once (each committed; some sent again as after
+    a timeout), then maybe irreversible calls issued at once over the cap of one per run (held for
+    the reviewers, who approve, reject or reject and roll back; decided at once by an approve rule;
+    or left to expire), then complete or fail (rollback). The run over the cap pauses the agent:
+    a person resumes it. The fleet's agent (FLEET_AGENT) runs compensable runs only: an admin
+    rolls them all back from time to time."""
     me = Client(f"agent-{n}", cluster, history, f"Bearer {key}", stop)
     person = Client(f"resumer-{n}", cluster, history, f"Token {reviewer_token}", stop)
-    rng = random.Random(n)
+    rng = random.Random(seed * 1000 + n)
+    fleet = f"agent-{n}" == FLEET_AGENT
+
+    def send(method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        for _ in range(3):
+            status, data = me.send(method, path, body)
+            if status != 423:
+                return status, data
+            person.send("POST", f"/api/v1/agents/agent-{n}/resume", {"note": "nemesis"})
+        return status, data
+
+    def compensable(call: tuple[str, dict, bool]) -> bool:
+        session, body, again = call
+        status, data = send("POST", f"/api/v1/sessions/{session}/intercept", body)
+        if status not in (200, 201):
+            return False
+        if again:  # the agent timed out and sends the same call again
+            send("POST", f"/api/v1/sessions/{session}/intercept", body)
+        status, _ = send("POST", f"/api/v1/effects/{data['effect']['id']}/commit",
+                         {"result": {"sent": body["args"]["to"]}})
+        return status == 200
+
+    def irreversible(call: tuple[str, dict]) -> tuple[int, dict]:
+        session, body = call
+        return send("POST", f"/api/v1/sessions/{session}/intercept", body)
+
     try:
         while not stop.is_set():
-            status, data = me.send("POST", "/api/v1/sessions", {})
-            if status == 423:
-                person.send("POST", f"/api/v1/agents/agent-{n}/resume", {"note": "nemesis"})
-                continue
+            status, data = send("POST", "/api/v1/sessions", {})
             if status != 201:
                 time.sleep(0.3)
                 continue
-            session = data["id"]
-            ending = rng.choice(["complete", "complete", "fail", "fail", "irreversible"])
-            runs[session] = ending
-            for step in range(1, rng.randint(2, 5) + 1):
-                call = {"tool": "send_email", "args": {"to": f"{n}-{session[:8]}-{step}@x.io"}, "step_index": step}
-                status, data = me.send("POST", f"/api/v1/sessions/{session}/intercept", call)
-                if status not in (200, 201):
+            session, step = data["id"], 0
+            ending = rng.choice(["complete", "fail"] if fleet else
+                                ["complete", "complete", "fail", "fail", "held", "held", "rule", "expire"])
+            going = True
+            for _batch in range(rng.randint(1, 3)):
+                calls = []
+                for _ in range(rng.randint(1, 3)):
+                    step += 1
+                    calls.append((session, {"tool": "send_email", "args": {"to": f"{n}-{session[:8]}-{step}@x.io"},
+                                            "step_index": step}, rng.random() < 0.3))
+                going = all(_together(compensable, calls))
+                if not going or stop.is_set():
                     break
-                effect = data["effect"]["id"]
-                if rng.random() < 0.3:  # the agent timed out and sends the same call again
-                    me.send("POST", f"/api/v1/sessions/{session}/intercept", call)
-                me.send("POST", f"/api/v1/effects/{effect}/commit", {"result": {"sent": call["args"]["to"]}})
-            if ending == "irreversible":
-                for extra in (1, 2):  # the second is over the cap: refused before approval
-                    call = {"tool": "delete_account", "args": {"account_id": f"{session[:8]}-{extra}"},
-                            "step_index": 10 + extra}
-                    status, data = me.send("POST", f"/api/v1/sessions/{session}/intercept", call)
-                    if status != 202:
-                        continue
-                    effect = data["effect"]["id"]
-                    until = time.monotonic() + 30
-                    while time.monotonic() < until and not stop.is_set():
-                        status, data = me.send("GET", f"/api/v1/effects/{effect}")
-                        if status == 200 and data["effect"]["state"] in ("approved", "rejected"):
-                            break
-                        time.sleep(0.5)
-                    if status == 200 and data["effect"]["state"] == "approved":
-                        me.send("POST", f"/api/v1/effects/{effect}/start", {})
-                        me.send("POST", f"/api/v1/effects/{effect}/commit", {"result": {"deleted": True}})
-            verb = "fail" if ending == "fail" else "complete"
-            me.send("POST", f"/api/v1/sessions/{session}/{verb}", {"error": "nemesis"} if verb == "fail" else {})
+                if fleet:  # the model thinks between steps: a fleet rollback lands there too
+                    time.sleep(rng.uniform(0.3, 1.0))
+            if going and ending in ("held", "rule", "expire"):
+                tool = {"held": "delete_account", "rule": "refund", "expire": "wire"}[ending]
+                count = 1 if ending == "expire" else rng.randint(2, 3)  # over the cap: one admitted
+                calls = []
+                for _ in range(count):
+                    step += 1
+                    args = {"account_id": f"{session[:8]}-{step}"} if tool == "delete_account" else \
+                        {"amount": 10, "order": f"{session[:8]}-{step}"}
+                    calls.append((session, {"tool": tool, "args": args, "step_index": step}))
+                answers = _together(irreversible, calls)
+                admitted = [data for status, data in answers if status in (201, 202)]
+                effect = admitted[0]["effect"]["id"] if admitted else None
+                state = admitted[0]["effect"]["state"] if admitted else None
+                until = time.monotonic() + 30
+                while effect and state not in ("approved", "rejected", "expired") and time.monotonic() < until \
+                        and not stop.is_set():
+                    time.sleep(0.5)
+                    status, data = me.send("GET", f"/api/v1/effects/{effect}")
+                    state = data["effect"]["state"] if status == 200 else state
+                if state == "approved":
+                    send("POST", f"/api/v1/effects/{effect}/start", {})
+                    send("POST", f"/api/v1/effects/{effect}/commit", {"result": {"done": True}})
+                going = state == "approved"
+                ending = rng.choice(["complete", "fail"])
+            if going or ending == "fail":
+                verb = "fail" if ending == "fail" else "complete"
+                send("POST", f"/api/v1/sessions/{session}/{verb}", {"error": "nemesis"} if verb == "fail" else {})
     finally:
         me.close()
         person.close()
 
 
-def reviewer(n: int, cluster: Cluster, history: History, token: str, stop: threading.Event) -> None:
-    """Both reviewers approve every pending request they see: they race, and only one may win."""
+def reviewer(n: int, cluster: Cluster, history: History, token: str, stop: threading.Event, seed: int) -> None:
+    """Both reviewers decide every pending request they see but the expiring tool's: they race,
+    and only one may win. Mostly approve; some reject, some reject and roll the run back."""
     me = Client(f"reviewer-{n}", cluster, history, f"Token {token}", stop)
+    rng = random.Random(seed * 1000 + 100 + n)
     try:
         while not stop.is_set():
             status, data = me.send("GET", "/api/v1/approvals?state=pending", retry=False)
             for item in data.get("approvals", []) if status == 200 else []:
-                me.send("POST", f"/api/v1/approvals/{item['id']}/approve", {"reason": "nemesis"}, deadline=10)
+                if item.get("tool") == "wire":
+                    continue
+                roll = rng.random()
+                path = f"/api/v1/approvals/{item['id']}/" + (
+                    "approve" if roll < 0.7 else "reject" if roll < 0.85 else "reject?rollback=true")
+                me.send("POST", path, {"reason": "nemesis"}, deadline=10)
             time.sleep(0.3)
     finally:
         me.close()
 
 
-def inject(kind: str, cluster: Cluster, rng: random.Random, hold: float) -> str:
+def admin(cluster: Cluster, history: History, token: str, stop: threading.Event, seed: int, since: str) -> None:
+    """Rolls back every run of the fleet's agent since the start, every 5-10 s (during the faults)."""
+    me = Client("admin", cluster, history, f"Token {token}", stop)
+    rng = random.Random(seed * 1000 + 200)
+    try:
+        while not stop.wait(rng.uniform(5, 10)):
+            me.send("POST", f"/api/v1/agents/{FLEET_AGENT}/rollback", {"since": since, "reason": "nemesis"},
+                    deadline=10)
+    finally:
+        me.close()
+
+
+def duplicator(cluster: Cluster, stop: threading.Event) -> None:
+    """The broker's at-least-once delivery, made common: every 0.3 s each run being rolled back
+    gets a second walk task (as a redelivered or re-swept task would), so that two workers walk
+    one run at once; only the claim may keep them from sending one entry twice."""
+    from celery import Celery
+
+    broker = Celery(broker=cluster.redis_url)
+    while not stop.wait(0.3):
+        try:
+            with psycopg.connect(cluster.pg.url(), connect_timeout=2) as db:
+                walking = [str(row[0]) for row in db.execute(
+                    "SELECT id FROM effects_session WHERE state = 'compensating'").fetchall()]
+            for session in walking:
+                broker.send_task(WALK_TASK, args=[session])
+        except Exception:  # a fault in the way (the primary, Redis): the next round tries again
+            continue
+
+
+def inject(kind: str, role: str, cluster: Cluster, rng: random.Random, hold: float) -> str:
     """One fault, held for `hold` seconds, then healed. Returns what was done."""
     net = cluster.net
     primary = "pg1" if cluster.pg.primary.prefix == net.exec("pg1") else "pg2"
+    standby = "pg2" if primary == "pg1" else "pg1"
+    node = rng.choice({"web": WEB, "worker": WORKERS}.get(role, [role]))
     if kind == "web-pg":
-        web = rng.choice(WEB)
-        net.cut(web, primary)
+        net.cut(node, primary)
         time.sleep(hold)
-        net.heal(web, primary)
-        return f"{web} cut from the primary ({primary})"
+        net.heal(node, primary)
+        return f"{node} cut from the primary ({primary}) for {hold:.1f} s"
     if kind in ("worker-redis", "worker-receiver"):
-        worker, peer = rng.choice(WORKERS), kind.split("-")[1]
-        net.cut(worker, peer)
+        peer = kind.split("-")[1]
+        net.cut(node, peer)
         time.sleep(hold)
-        net.heal(worker, peer)
-        return f"{worker} cut from {peer}"
+        net.heal(node, peer)
+        return f"{node} cut from {peer} for {hold:.1f} s"
     if kind == "link-down":
-        node = rng.choice([*WEB, *WORKERS])
         net.isolate(node)
         time.sleep(hold)
         net.rejoin(node)
-        return f"{node}'s link down"
+        return f"{node}'s link down for {hold:.1f} s"
     if kind == "sigkill":
-        node = rng.choice([*WEB, *WORKERS, "beat", "redis"])
         cluster.kill(node)
         cluster.start(node)
         if node in WEB:
             cluster.wait_up(node)
         return f"SIGKILL {node}, restarted"
     if kind == "failover":
+        # A partition first: the primary cut from its standby (a synchronous one holds every commit
+        # meanwhile; an asynchronous one would let the primary acknowledge commits it never gets),
+        # then the primary crashes and the standby is promoted.
+        net.cut(primary, standby)
+        time.sleep(1.5)
         cluster.pg.fail_over()
+        net.heal(primary, standby)
         time.sleep(hold)
         cluster.pg.rebuild()
-        return "failover: primary crashed, standby promoted, old host rebuilt as the standby"
+        return f"failover: {primary} cut from {standby} 1.5 s, crashed; {standby} promoted, {primary} rebuilt"
     if kind == "sigstop":
-        worker = rng.choice(WORKERS)
-        cluster.kill(worker, signal.SIGSTOP)
+        cluster.kill(node, signal.SIGSTOP)
         time.sleep(hold)
-        cluster.kill(worker, signal.SIGCONT)
-        return f"SIGSTOP {worker} for {hold:.0f} s"
+        cluster.kill(node, signal.SIGCONT)
+        return f"SIGSTOP {node} for {hold:.1f} s"
     if kind == "clock":
-        worker, offset = rng.choice(WORKERS), rng.choice([-1, 1]) * rng.randint(30, 90)
-        cluster.kill(worker)
-        cluster.start(worker, LD_PRELOAD=FAKETIME, FAKETIME=f"{offset:+d}s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+        offset = rng.choice([-1, 1]) * rng.randint(30, 90)
+        cluster.kill(node)
+        cluster.start(node, LD_PRELOAD=FAKETIME, FAKETIME=f"{offset:+d}s", FAKETIME_DONT_FAKE_MONOTONIC="1")
         time.sleep(hold)
-        cluster.kill(worker)
-        cluster.start(worker)
-        return f"{worker}'s clock {offset:+d} s"
+        cluster.kill(node)
+        cluster.start(node)
+        return f"{node}'s clock {offset:+d} s"
     raise ValueError(kind)
 
 
-def run(seconds: float, work: Path, seed: int = 30, min_faults: int = 0, hold: tuple[float, float] = (2, 5),
-        gap: tuple[float, float] = (1, 3), out=print) -> dict:
+def run(seconds: float, work: Path, seed: int, min_faults: int = 0, hold: tuple[float, float] = (2, 4),
+        past_lease: tuple[float, float] = (5, 7), gap: tuple[float, float] = (1, 2), out=print) -> dict:
     rng = random.Random(seed)
     stats = Stats()
     work.chmod(0o755)  # the clusters inside belong to the postgres user
@@ -341,51 +516,65 @@ def run(seconds: float, work: Path, seed: int = 30, min_faults: int = 0, hold: t
         stack.callback(pg.stop)
         pg.init()
         cluster = Cluster(net, work, pg, 6379)
+        cluster.seed = seed
         for node in ("redis", "receiver"):
             cluster.start(node)
         time.sleep(0.5)
         pg.primary.migrated_database("undolog", cluster.redis_url)
         fleet = create_fleet(pg.url(), cluster.redis_url, AGENTS, f"http://{net.ip('receiver')}:9000/undo")
         env = {**os.environ, "DATABASE_URL": pg.url(), "REDIS_URL": cluster.redis_url, "UNDOLOG_EMBEDDED_REDIS": "0"}
-        subprocess.run([sys.executable, "manage.py", "shell", "-c", BUDGET.format(cap=CAP)], cwd=BASE_DIR, env=env,
-                       check=True, capture_output=True, timeout=120)
+        admin_token = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", SETUP.format(cap=CAP, timeout_ms=FN_TIMEOUT_MS)],
+            cwd=BASE_DIR, env=env, check=True, capture_output=True, text=True, timeout=120).stdout.split()[-1]
         for node in ["web1", "web2", "ws", "worker1", "worker2", "beat"]:
             cluster.start(node)
         stack.callback(lambda: [cluster.kill(node, signal.SIGCONT) for node in WORKERS])
         for node in ["web1", "web2", "ws"]:
             cluster.wait_up(node)
-        with httpx.Client(base_url=cluster.url("web1"), headers={"Authorization": f"Bearer {fleet['keys'][0]}"}) as c:
-            assert c.post("/api/v1/tools", json={"tools": TOOLS}).status_code == 200
+        with httpx.Client(base_url=cluster.url("web1"), headers={"Authorization": f"Token {admin_token}"}) as c:
+            assert c.post("/api/v1/tools", json={"tools": NEMESIS_TOOLS}).status_code == 200
+            rule = {"outcome": "approve", "name": "small-refunds", "tool": "refund", "condition": "args.amount <= 50"}
+            created = c.post("/api/v1/rules", json=rule)
+            assert created.status_code == 201, created.text
 
         history = History(work / "history.jsonl")
-        stop, runs = threading.Event(), {}
+        stop = threading.Event()
+        since = datetime.now(UTC).isoformat()
         tokens = {n: fleet["people"][f"reviewer-{n}"]["token"] for n in (1, 2)}
-        actors = [threading.Thread(target=agent, args=(n, cluster, history, fleet["keys"][n], stop, runs, tokens[1]))
+        actors = [threading.Thread(target=agent, args=(n, cluster, history, fleet["keys"][n], stop, seed, tokens[1]))
                   for n in range(AGENTS)]
-        actors += [threading.Thread(target=reviewer, args=(n, cluster, history, tokens[n], stop)) for n in (1, 2)]
+        actors += [threading.Thread(target=reviewer, args=(n, cluster, history, tokens[n], stop, seed))
+                   for n in (1, 2)]
+        actors.append(threading.Thread(target=admin, args=(cluster, history, admin_token, stop, seed, since)))
+        actors.append(threading.Thread(target=duplicator, args=(cluster, stop), daemon=True))
         for actor in actors:
             actor.start()
         started = time.monotonic()
-        faults = []
+        faults: list[dict] = []
+        plan: list[tuple[str, str]] = []
         time.sleep(3)
         while time.monotonic() - started < seconds or len(faults) < min_faults:
-            kind = KINDS[len(faults) % len(KINDS)]
+            if not plan:
+                plan = rng.sample(PLAN, len(PLAN))
+            kind, role = plan.pop()
             at = time.time()
-            what = inject(kind, cluster, rng, rng.uniform(*hold))
+            what = inject(kind, role, cluster, rng, rng.uniform(*(past_lease if kind in PAST_LEASE else hold)))
             healed = time.time()
-            faults.append({"kind": kind, "what": what, "at": at, "healed": healed})
+            faults.append({"kind": kind, "role": role, "what": what, "at": at, "healed": healed})
             stats.faults[kind] += 1
             out(f"[{time.monotonic() - started:6.1f} s] {what}")
             time.sleep(rng.uniform(*gap))
             after = [t for t in history.acks if t > healed]
             stats.recoveries[kind].append((min(after) - healed) if after else None)
+        time.sleep(3)  # the last fault's effects under load too
         stop.set()
         for actor in actors:
             actor.join(timeout=90)
         history.close()
-        # Quiet: every walk the faults held up is finished by the workers and the sweeps.
-        # Under load the workers may be minutes behind: wait while the backlog shrinks, and give up
-        # only once it has not moved for 60 s (then what is left is stuck: the checker names it).
+        # Quiet: every walk the faults held up is finished by the workers and the sweeps, and every
+        # request nobody decides has expired. Under load the workers may be minutes behind: wait
+        # while the backlog shrinks, and give up only once it has not moved for 60 s (then what is
+        # left is stuck: the checker names it).
         left, moved, settle_started = _unsettled(pg.url()), time.monotonic(), time.monotonic()
         while left and time.monotonic() - moved < 60 and time.monotonic() - settle_started < 1200:
             time.sleep(2)
@@ -393,16 +582,28 @@ def run(seconds: float, work: Path, seed: int = 30, min_faults: int = 0, hold: t
             if now_left < left:
                 moved = time.monotonic()
             left = now_left
-        out(f"settled in {time.monotonic() - settle_started:.0f} s ({left} entries left)")
+        out(f"settled in {time.monotonic() - settle_started:.0f} s ({left} entries or requests left)")
         stall = diagnose(cluster) if left else None
-        report = check(work / "history.jsonl", work / "receiver.jsonl", pg.url(), runs)
+        report = checker.check(work / "history.jsonl", work / "receiver.jsonl", pg.url(), faults=faults,
+                               irreversible=IRREVERSIBLE, cap=CAP, fleet_agent=FLEET_AGENT,
+                               fn_timeout_s=FN_TIMEOUT_MS / 1000)
+        report["seed"] = seed
+        report["attempts"] = _attempts(pg.url())
         report["faults"] = dict(stats.faults)
+        report["fault_roles"] = dict(Counter(f"{f['kind']}:{f['role']}" for f in faults))
         report["errors_per_fault"] = errors_per_fault(work / "history.jsonl", faults)
         report["recovery_s"] = {kind: _summary(values) for kind, values in stats.recoveries.items()}
         report["fault_log"] = faults
         if stall is not None:
             report["stall"] = stall
         return report
+
+
+def _attempts(url: str) -> dict:
+    """The compensation attempts the database recorded, by outcome: `retry` (the receiver failed
+    or could not be reached), `lost` (a claim that ran out: taken over by another worker)."""
+    with psycopg.connect(url, connect_timeout=5) as db:
+        return dict(db.execute("SELECT outcome, count(*) FROM effects_undoattempt GROUP BY 1").fetchall())
 
 
 def diagnose(cluster: Cluster) -> dict:
@@ -451,150 +652,28 @@ def _summary(values: list) -> dict:
 
 
 def _unsettled(url: str) -> int:
-    """Undo entries of rolled-back runs not yet compensated."""
+    """Undo entries of rolled-back runs not yet compensated, and requests past their deadline not
+    yet expired."""
     with psycopg.connect(url, connect_timeout=3) as db:
         return db.execute("""SELECT count(*) FROM effects_undoentry u JOIN effects_session s ON s.id = u.session_id
                              WHERE s.state = ANY(%s) AND u.state IN ('pending', 'running')""",
-                          (list(ROLLED_BACK),)).fetchone()[0]
-
-
-def check(history_path: Path, receiver_path: Path, url: str, runs: dict) -> dict:
-    """What must hold, from the recorded history, the receiver's log and the database. Each
-    violation carries its evidence (the request, the rows)."""
-    history = [json.loads(line) for line in history_path.read_text().splitlines()]
-    deliveries = [json.loads(line) for line in receiver_path.read_text().splitlines()] if receiver_path.exists() else []
-    violations: list[dict] = []
-    statuses = Counter(entry["status"] for entry in history)
-
-    # 1. No request answered 500 (a 503 only as database_unavailable, with nothing changed).
-    for entry in history:
-        if entry["status"] >= 500 and not (entry["status"] == 503
-                                          and entry["answer"].get("error") == "database_unavailable"):
-            violations.append({"rule": "no 5xx but 503 database_unavailable", "evidence": entry})
-
-    with psycopg.connect(url, connect_timeout=5) as db:
-        effects = {str(row[0]): row[1:] for row in db.execute(
-            "SELECT id, session_id::text, state, result, call_signature, tool_name, step_index FROM effects_effect")}
-        entries = {str(row[0]): row[1:] for row in db.execute(
-            "SELECT u.id, u.session_id::text, u.state, e.step_index FROM effects_undoentry u "
-            "JOIN effects_effect e ON e.id = u.effect_id")}
-        sessions = dict(db.execute("SELECT id::text, state FROM effects_session").fetchall())
-        approvals = {str(row[0]): row[1:] for row in db.execute(
-            "SELECT id, state, effect_id::text FROM approvals_approvalrequest")}
-        signatures = db.execute("""SELECT session_id, call_signature, count(*) FROM effects_effect
-                                   GROUP BY 1, 2 HAVING count(*) > 1""").fetchall()
-
-    # 2. Every acknowledged commit is in the database, with the result it was acknowledged with.
-    acked = 0
-    for entry in history:
-        if entry["method"] == "POST" and entry["path"].endswith("/commit") and entry["status"] == 200:
-            acked += 1
-            effect = entry["path"].split("/")[4]
-            row = effects.get(effect)
-            kept = row is not None and row[1] in ("committed", "compensated", "compensating")
-            if not kept or row[2] != entry["body"]["result"]:
-                violations.append({"rule": "acknowledged commit present", "evidence": {"request": entry, "row": row}})
-
-    # 3. No call signature executed twice: one effect per (session, signature) in the database, and
-    #    one `execute` decision per effect in the history (every other answer a replay).
-    for row in signatures:
-        violations.append({"rule": "one effect per call signature", "evidence": row})
-    executes: Counter[str] = Counter()
-    for entry in history:
-        if (entry["path"].endswith("/intercept") and entry["status"] == 201
-                and entry["answer"].get("decision") == "execute"):
-            executes[entry["answer"]["effect"]["id"]] += 1
-    for effect, count in executes.items():
-        if count > 1:
-            violations.append({"rule": "executed once", "evidence": {"effect": effect, "executes": count}})
-
-    # 4. Every rolled-back run's entries compensated exactly once at the receiver, newest first.
-    first: dict[str, dict] = {}
-    for delivery in deliveries:
-        first.setdefault(delivery["key"], delivery)
-    redeliveries = len(deliveries) - len(first)
-    by_session: dict[str, list] = defaultdict(list)
-    for key, delivery in first.items():
-        row = entries.get(key)
-        if row is None:
-            violations.append({"rule": "delivery of a known entry", "evidence": delivery})
-            continue
-        by_session[row[0]].append((delivery["at"], row[2], key))
-    rolled_back = {session for session, state in sessions.items() if state in ROLLED_BACK}
-    stuck = [key for key, (session, state, _step) in entries.items()
-             if session in rolled_back and state != "skipped" and (state != "compensated" or key not in first)]
-    for key in stuck:
-        violations.append({"rule": "rolled-back entry compensated",
-                           "evidence": {"entry": key, "delivered": key in first, **_entry_evidence(url, key)}})
-    for key, (session, state, _step) in entries.items():
-        if state == "skipped" and key in first:
-            violations.append({"rule": "a skipped entry is not sent", "evidence": {"entry": key}})
-        if session not in rolled_back and key in first:
-            violations.append({"rule": "only rolled-back runs compensated",
-                               "evidence": {"entry": key, "session": sessions.get(session)}})
-    for session, applied in by_session.items():
-        steps = [step for _, step, _ in sorted(applied)]
-        if steps != sorted(steps, reverse=True):
-            violations.append({"rule": "newest first", "evidence": {"session": session, "steps_in_order": steps}})
-
-    # 5. Every approval decided once: at most one 200 per approval, and it matches the row.
-    decided: Counter[str] = Counter()
-    for entry in history:
-        if "/api/v1/approvals/" in entry["path"] and entry["method"] == "POST" and entry["status"] == 200:
-            decided[entry["path"].split("/")[4]] += 1
-    for approval, count in decided.items():
-        if count > 1:
-            violations.append({"rule": "decided once", "evidence": {"approval": approval, "200s": count}})
-        if approvals.get(approval, ("?",))[0] != "approved":
-            violations.append({"rule": "decision recorded", "evidence": {"approval": approval,
-                                                                         "row": approvals.get(approval)}})
-
-    # 6. Budget caps never exceeded: at most CAP irreversible calls admitted per run.
-    admitted: Counter[str] = Counter()
-    for session, _state, _, _, tool, _ in effects.values():
-        if tool == "delete_account":  # approved or rejected, it used its slot; a refused one has no effect
-            admitted[session] += 1
-    for session, count in admitted.items():
-        if count > CAP:
-            violations.append({"rule": "cap", "evidence": {"session": session, "irreversible": count}})
-
-    return {
-        "requests": len(history), "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "acknowledged_commits": acked, "effects": len(effects), "sessions": len(sessions),
-        "rolled_back_runs": len(rolled_back), "compensations_applied": len(first), "redeliveries": redeliveries,
-        "approvals_decided": len(decided), "refused_over_cap": sum(
-            1 for e in history if e["path"].endswith("/intercept") and e["status"] == 429),
-        "violations": violations,
-    }
-
-
-def _entry_evidence(url: str, key: str) -> dict:
-    """What a stuck entry's rows say: the entry (state, attempts, claim, lease, next attempt), its
-    session (state, when it last moved) and the session's and the entry's histories."""
-    with psycopg.connect(url, connect_timeout=5) as db:
-        entry = db.execute("""SELECT u.state, u.step_index, u.attempts, u.claimed_at, u.lease_until, u.next_attempt_at,
-                                     u.updated, u.last_error, s.id::text, s.state, s.updated, now()
-                              FROM effects_undoentry u JOIN effects_session s ON s.id = u.session_id
-                              WHERE u.id = %s""", (key,)).fetchone()
-        attempts = db.execute("""SELECT number, outcome, started_at, status_code, left(error, 200)
-                                 FROM effects_undoattempt WHERE entry_id = %s ORDER BY number""", (key,)).fetchall()
-        moves = db.execute("""SELECT from_state, to_state, actor, created FROM effects_sessiontransition
-                              WHERE session_id = %s ORDER BY created, id""", (entry[8],)).fetchall()
-    names = ("state", "step", "attempts", "claimed_at", "lease_until", "next_attempt_at", "updated", "last_error",
-             "session", "session_state", "session_updated", "checked_at")
-    return {**dict(zip(names, entry, strict=True)), "attempt_log": attempts, "session_moves": moves}
+                          (list(ROLLED_BACK),)).fetchone()[0] + db.execute(
+            "SELECT count(*) FROM approvals_approvalrequest WHERE state = 'pending' AND timeout_at < now()"
+        ).fetchone()[0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=600)
-    parser.add_argument("--seed", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=None, help="replay a run (default: NEMESIS_SEED, else random)")
     parser.add_argument("--faults", type=int, default=0, help="at least this many faults, however long it takes")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (history, logs)")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "undolog_site.settings")
+    seed = args.seed if args.seed is not None else int(os.environ.get("NEMESIS_SEED") or random.randrange(10**6))
+    print(f"nemesis seed {seed} (replay it: NEMESIS_SEED={seed})", flush=True)
     work = Path(tempfile.mkdtemp(prefix="undolog-nemesis-"))
-    report = run(args.seconds, work, seed=args.seed, min_faults=args.faults)
+    report = run(args.seconds, work, seed=seed, min_faults=args.faults)
     (work / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print_report(report)
     print(f"history and logs in {work}" if args.keep else "")
@@ -605,18 +684,24 @@ def main() -> int:
 
 
 def print_report(report: dict, out=print) -> None:
-    out(f"faults: {sum(report['faults'].values())} {report['faults']}")
+    out(f"seed {report['seed']}; faults: {sum(report['faults'].values())} {report['fault_roles']}")
     out("recovery (s from heal to the next acknowledged request): " + json.dumps(report["recovery_s"]))
-    out(" ".join(f"{k}={report[k]}" for k in ("requests", "acknowledged_commits", "effects", "sessions",
-                                               "rolled_back_runs", "compensations_applied", "redeliveries",
-                                               "approvals_decided", "refused_over_cap")))
+    out(" ".join(f"{k}={report[k]}" for k in (
+        "requests", "acknowledged_commits", "executes", "replays", "effects", "sessions", "rollbacks_acknowledged",
+        "completions_acknowledged", "fleet_rollbacks", "approvals_decided", "rejections", "expired",
+        "refused_over_cap", "deliveries", "compensations_applied", "redeliveries", "redeliveries_after_receiver",
+        "redeliveries_after_fault")))
+    out(f"receiver answers: {report['deliveries_by_outcome']}; attempts recorded: {report['attempts']}")
     out(f"statuses: {report['statuses']}")
     out("unserved answers (503, broken connections) per fault kind: " + json.dumps(report.get("errors_per_fault")))
     out(f"violations: {len(report['violations'])} {dict(Counter(v['rule'] for v in report['violations']))}")
     if "stall" in report:
         out("stall: " + json.dumps(report["stall"], default=str)[:6000])
-    for violation in report["violations"][:50]:
-        out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:600]}")
+    shown: Counter[str] = Counter()
+    for violation in report["violations"]:  # up to five of each rule, each with its evidence
+        shown[violation["rule"]] += 1
+        if shown[violation["rule"]] <= 5:
+            out(f"  {violation['rule']}: {json.dumps(violation['evidence'], default=str)[:1500]}")
 
 
 if __name__ == "__main__":
