@@ -249,10 +249,24 @@ CELERY_BEAT_SCHEDULE["undo-sweep"] = {
     "options": {"expires": float(UNDOLOG_UNDO_SWEEP_S)},  # a backlog of sweeps is one sweep
 }
 
+
+
+def channel_layer_host(redis_url: str) -> dict:
+    """One channel layer host: the URL, and a read timeout above the layer's blocking receive.
+
+    channels-redis 4.3 waits for a socket's next message in a 5 s `BZPOPMIN`
+    (`RedisChannelLayer.brpop_timeout`), and redis-py 8's asyncio connections give up on any read
+    after `socket_timeout`, whose default is also 5 s: the read lost that race, and every quiet
+    dashboard socket was closed as "Redis unreachable" every ~5 s. A dict host is passed to
+    `ConnectionPool.from_url(address, **rest)` as is (channels_redis.utils.create_pool); a read
+    timeout of three blocking rounds still notices a Redis that stopped answering."""
+    return {"address": redis_url, "socket_timeout": 15, "socket_connect_timeout": 5}
+
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "undolog"},
+        "CONFIG": {"hosts": [channel_layer_host(REDIS_URL)], "prefix": "undolog"},
     }
 }
 
