@@ -461,7 +461,8 @@ _CHATTY = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "core.logs.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "core.logs.RequestIdFilter"},
+                "client_errors_at_debug": {"()": "core.logs.ClientErrorsAtDebug"}},
     "formatters": {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
         "json": {"()": "core.logs.JsonFormatter"},
@@ -478,6 +479,8 @@ LOGGING = {
         # The servers' own lines and Django's in the same format (one JSON object per line under
         # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
         "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # A WARNING per 4xx (a replay's 409, a budget's 429) told the operator nothing was wrong.
+        "django.request": {"filters": ["client_errors_at_debug"]},
         # No level: the server's own --log-level keeps deciding (make run asks uvicorn for warnings only).
         **{name: {"handlers": ["console"], "propagate": False}
            for name in ("uvicorn", "uvicorn.error", "gunicorn.error")},
