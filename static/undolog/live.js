@@ -38,6 +38,18 @@
     connectHandlers.push(fn);
   };
 
+  /* ------------------------------------------------------------ the nav */
+
+  /* On a phone the nav is one row that scrolls sideways: the current page's link is brought
+   * into view (centred where it can be), or Settings and Audit sit off-screen. */
+  (function () {
+    var current = document.querySelector("header nav a[aria-current=page]");
+    var nav = current && current.parentElement;
+    if (!nav || nav.scrollWidth <= nav.clientWidth) return;
+    var navBox = nav.getBoundingClientRect(), box = current.getBoundingClientRect();
+    nav.scrollLeft += box.left - navBox.left - (navBox.width - box.width) / 2;
+  })();
+
   /* ------------------------------------------------------------ websocket */
 
   function setStatus(state, text) {
