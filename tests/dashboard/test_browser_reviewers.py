@@ -122,3 +122,39 @@ def test_the_agents_page_keeps_chart_keys_off_the_bars_and_the_rollback_control_
                 assert abs(centre(a) - centre(b)) < 2, (a, b)
     if width == "desktop":
         assert len({round(centre(box)) for box in controls}) == 1  # one row with Suspend and Stop
+
+
+def test_a_rotation_inside_the_last_ones_overlap_says_so_and_times_carry_the_orgs_zone(acme, server, new_page, width):
+    acme.org.time_zone = "Asia/Tokyo"
+    acme.org.save(update_fields=["time_zone"])
+    page = new_page(WIDTHS[width])
+    log_in(page, acme.admin.user)
+    page.goto("/settings/")
+
+    bodies = []
+    for _ in range(2):
+        page.click("#rotate-secret-form button[type=submit]")
+        page.wait_for_selector("#confirm-dialog[open]")
+        bodies.append(page.inner_text("#confirm-body"))
+        page.click("#confirm-ok")
+        page.wait_for_selector("#secret-overlap:not([hidden])")
+        page.wait_for_function("() => !document.querySelector('#confirm-dialog').open")
+
+    assert "stops signing now" not in bodies[0]
+    assert "The secret before it, still signing from the last rotation, stops signing now" in bodies[1]
+    note = page.inner_text("#secret-overlap")
+    assert note.endswith("GMT+9."), note  # the org's zone, said; not the browser's locale without a zone
+
+
+def test_choosing_an_organization_puts_the_user_menu_on_the_right(acme, outsider, server, new_page, width):
+    from orgs.models import Membership
+
+    page = new_page(WIDTHS[width])
+    log_in(page, acme.reviewer.user)
+    Membership.objects.create(user=acme.reviewer.user, org=outsider.org, role="reviewer")
+    page.goto("/orgs/")
+    page.wait_for_selector("ul.org-list")
+    page.screenshot(path=str(SCREENSHOTS / f"reviewers-pick-org-{width}.png"))
+
+    brand, who = boxes(page, "header.top .brand")[0], boxes(page, "header.top .who")[0]
+    assert WIDTHS[width]["width"] - who["right"] < 40 and who["left"] - brand["right"] > 40, (brand, who)
