@@ -83,7 +83,8 @@ def frame(membership: Membership, nav_pending: int | None = None) -> dict[str, A
     queries (the same when the page already counted the pending requests: then the failures)."""
     org = membership.org
     flags = roles(membership)
-    config = {"org": org.slug, **flags, "ws": f"/ws/dashboard/?org={org.slug}", "risk_classes": RISK_CLASSES}
+    config = {"org": org.slug, **flags, "ws": f"/ws/dashboard/?org={org.slug}", "risk_classes": RISK_CLASSES,
+              "time_zone": str(org.time_zone)}
     if nav_pending is None:
         nav_pending, nav_failures = nav_counts(org)
     else:

@@ -97,12 +97,14 @@ def pick_org(request: HttpRequest) -> HttpResponse:
 @member_page
 def queue(request: HttpRequest, membership: Membership) -> HttpResponse:
     org = membership.org
-    listing = dashboard.queue_listing(org, request.GET)
     stats = dashboard.queue_stats(org)
+    card = {"stats": stats, "decided_chart": charts.decisions_per_day(stats["per_day"]),
+            "median_to_decide": charts.duration(stats["median_time_to_decide_s"])}
+    if request.GET.get("part") == "live":  # the "Last 7 days" card, re-rendered after each decision
+        return page(request, membership, "approvals/queue.html", card, partial="approvals/_queue_stats.html")
+    listing = dashboard.queue_listing(org, request.GET)
     return page(request, membership, "approvals/queue.html", {
-        "listing": listing, "approvals": listing.pending, "stats": stats,
-        "decided_chart": charts.decisions_per_day(stats["per_day"]),
-        "median_to_decide": charts.duration(stats["median_time_to_decide_s"]), "empty_row": dashboard.empty_queue_row(),
+        **card, "listing": listing, "approvals": listing.pending, "empty_row": dashboard.empty_queue_row(),
     }, nav_pending=stats["pending"])
 
 

@@ -57,6 +57,20 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class ClientErrorsAtDebug(logging.Filter):
+    """django.request writes a WARNING for every 4xx. A 4xx is an answer, not a fault: a replayed
+    call's 409, a budget's 429, a key's 401 each reach the caller with its error code and a
+    message. So they are DEBUG lines (shown with LOG_LEVEL=DEBUG); 5xx stay ERRORs. On the
+    django.request logger, where Django writes them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if not isinstance(status, int) or not 400 <= status < 500 or record.levelno != logging.WARNING:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: what log shippers (Loki, CloudWatch, Datadog) parse without rules."""
 

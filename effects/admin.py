@@ -118,6 +118,7 @@ class EffectTransitionInline(admin.TabularInline):
 @admin.register(Effect)
 class EffectAdmin(ViewOnlyAdmin):
     list_display = ["tool_name", "tier", "state", "step_index", "session", "created"]
+    list_select_related = ["session__agent"]
     list_filter = ["state", "tier"]
     search_fields = ["tool_name", "call_signature"]
     readonly_fields = [f.name for f in Effect._meta.fields]
@@ -125,10 +126,15 @@ class EffectAdmin(ViewOnlyAdmin):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(ViewOnlyAdmin):
+    """A run's state, counters and violation move only under the intercept's row lock and the
+    session's guarded transitions (end, fail, halt, the walk); its effects and events hang off it,
+    which a delete would cascade away. The admin shows it only."""
+
     list_display = ["id", "agent", "state", "step_index", "created"]
     list_filter = ["state"]
-    readonly_fields = ["org", "agent", "step_index", "tool_calls", "irreversible_calls", "cost", "created"]
+    list_select_related = ["agent"]
+    readonly_fields = [f.name for f in Session._meta.fields]
 
 
 class UndoAttemptInline(admin.TabularInline):
@@ -147,6 +153,7 @@ class UndoEntryAdmin(ViewOnlyAdmin):
     entry and its walk together, which a saved form would not."""
 
     list_display = ["fn_name", "fn_version", "state", "attempts", "step_index", "session", "updated"]
+    list_select_related = ["session__agent"]
     list_filter = ["state"]
     search_fields = ["fn_name", "=session__id", "=id"]
     readonly_fields = [f.name for f in UndoEntry._meta.fields]

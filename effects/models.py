@@ -336,7 +336,7 @@ class Session(models.Model):
                                 name="session_rolled_back_in")]
 
     def __str__(self) -> str:
-        return f"session {self.id} of {self.agent_id} ({self.state})"
+        return f"session {self.id} of {self.agent.name} ({self.state})"
 
     def move(self, allowed_from: set[str] | frozenset[str], to: str, *, actor: str, reason: str = "",
              guard: models.Q | None = None, **fields: Any) -> None:

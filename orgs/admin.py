@@ -44,8 +44,13 @@ class EventAdmin(admin.ModelAdmin):
     list_filter = ["kind", "org"]
     readonly_fields = ["org", "kind", "agent", "session_id", "data", "created"]
 
+    # Append-only, as the README says: the audit chain (ops/audit.py) seals events in order, and
+    # only retention (ops/retention.py) deletes them, after archiving and sealing.
     def has_add_permission(self, request) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

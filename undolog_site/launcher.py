@@ -61,29 +61,66 @@ def main() -> int:
     _wait_until_up(host, port, children[0])
     _wait_for_worker(children[1])
     print(summary(host, port, var, workers=workers, redis_url=shown_url(os.environ["REDIS_URL"])), flush=True)
-    stopping = False
+    stops = 0  # Ctrl-C (or SIGTERM) so far: the first stops gently, a second at once
 
     def stop(signum, frame) -> None:
-        nonlocal stopping
-        stopping = True
+        nonlocal stops
+        stops += 1
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        while not stopping and all(child.poll() is None for child in children):
+        while not stops and all(child.poll() is None for child in children):
             time.sleep(0.2)
     finally:
-        for child in children:
-            _signal_group(child, signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(child, signal.SIGKILL)  # what is left of it: a worker's pool children
+        _shut_down(children, hurry=lambda: stops > 1)
         embedded_redis.stop(redis_process)
     failed = [child.args[2] for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
-    return 1 if failed and not stopping else 0
+    return 1 if failed and not stops else 0
+
+
+# A worker's warm shutdown waits for the tasks it runs; the longest is one walk of the undo stack
+# (UNDOLOG_UNDO_WALK_BUDGET_S, 60 s by default, then it re-enqueues itself), plus a compensation's timeout.
+WORKER_STOP_S = 120
+OTHERS_STOP_S = 10
+
+
+def _shut_down(children: list[subprocess.Popen], hurry) -> None:
+    """Stop every child, letting a Celery worker finish what it runs.
+
+    1. SIGTERM to uvicorn's and beat's process groups, but to a worker's main process only: that is
+       Celery's warm shutdown (take no new task, let the pool finish its running ones, then stop
+       the pool). SIGTERM to the worker's whole group killed the pool children mid-task, a
+       compensation's webhook among them, with a WorkerLostError traceback.
+    2. Wait: OTHERS_STOP_S for the others, WORKER_STOP_S for a worker, or until `hurry()` (a
+       second Ctrl-C). Say why the wait is long once it is.
+    3. SIGKILL what is left of each group.
+    """
+    for child in children:
+        if _is_worker(child):
+            _signal(child.pid, signal.SIGTERM)
+        else:
+            _signal_group(child, signal.SIGTERM)
+    started = time.monotonic()
+    said = False
+    while not hurry():
+        elapsed = time.monotonic() - started
+        waiting = [child for child in children if child.poll() is None
+                   and elapsed < (WORKER_STOP_S if _is_worker(child) else OTHERS_STOP_S)]
+        if not waiting:
+            break
+        if not said and elapsed > 2 and any(_is_worker(child) for child in waiting):
+            print("undolog: the worker is finishing its running tasks (Ctrl-C again stops it at once)",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.1)
+    for child in children:
+        _signal_group(child, signal.SIGKILL)  # what is left of it: a worker's pool children
+        child.wait()
+
+
+def _is_worker(child: subprocess.Popen) -> bool:
+    return "celery" in child.args and "worker" in child.args
 
 
 def worker_command(name: str) -> list[str]:
@@ -140,6 +177,13 @@ _OWN_GROUP = {"start_new_session": True, "preexec_fn": embedded_redis.die_with_p
 def _signal_group(child: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 

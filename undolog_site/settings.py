@@ -249,10 +249,24 @@ CELERY_BEAT_SCHEDULE["undo-sweep"] = {
     "options": {"expires": float(UNDOLOG_UNDO_SWEEP_S)},  # a backlog of sweeps is one sweep
 }
 
+
+
+def channel_layer_host(redis_url: str) -> dict:
+    """One channel layer host: the URL, and a read timeout above the layer's blocking receive.
+
+    channels-redis 4.3 waits for a socket's next message in a 5 s `BZPOPMIN`
+    (`RedisChannelLayer.brpop_timeout`), and redis-py 8's asyncio connections give up on any read
+    after `socket_timeout`, whose default is also 5 s: the read lost that race, and every quiet
+    dashboard socket was closed as "Redis unreachable" every ~5 s. A dict host is passed to
+    `ConnectionPool.from_url(address, **rest)` as is (channels_redis.utils.create_pool); a read
+    timeout of three blocking rounds still notices a Redis that stopped answering."""
+    return {"address": redis_url, "socket_timeout": 15, "socket_connect_timeout": 5}
+
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "undolog"},
+        "CONFIG": {"hosts": [channel_layer_host(REDIS_URL)], "prefix": "undolog"},
     }
 }
 
@@ -456,7 +470,8 @@ _CHATTY = "DEBUG" if LOG_LEVEL == "DEBUG" else "WARNING"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "core.logs.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "core.logs.RequestIdFilter"},
+                "client_errors_at_debug": {"()": "core.logs.ClientErrorsAtDebug"}},
     "formatters": {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
         "json": {"()": "core.logs.JsonFormatter"},
@@ -473,6 +488,8 @@ LOGGING = {
         # The servers' own lines and Django's in the same format (one JSON object per line under
         # LOG_FORMAT=json), and once: Django's default "django" handler would print each a second time.
         "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # A WARNING per 4xx (a replay's 409, a budget's 429) told the operator nothing was wrong.
+        "django.request": {"filters": ["client_errors_at_debug"]},
         # No level: the server's own --log-level keeps deciding (make run asks uvicorn for warnings only).
         **{name: {"handlers": ["console"], "propagate": False}
            for name in ("uvicorn", "uvicorn.error", "gunicorn.error")},

@@ -29,8 +29,10 @@ const say = (line = ""): void => console.log(line);
 const heading = (title: string): void => say(`\n── ${title} ${"─".repeat(Math.max(0, 76 - title.length))}`);
 
 async function person(token: string, method: string, path: string, body?: unknown): Promise<any> {
+  // X-Undolog-Org: on a server of `make run` the admin belongs to the tour's org `demo` too.
   const response = await fetch(`${URL_}${path}`, { method, headers: { Authorization: `Token ${token}`,
-    "Content-Type": "application/json" }, ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
+    "X-Undolog-Org": env("UNDOLOG_DEMO_ORG"), "Content-Type": "application/json" },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
   const text = await response.text();
   if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${text}`);
   return text ? JSON.parse(text) : {};

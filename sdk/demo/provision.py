@@ -1,11 +1,11 @@
 """Server-side setup for the demo, run in its own process next to the server's database:
 
-    python -m sdk.demo.provision [--migrate]
+    python -m sdk.demo.provision [--migrate] [--key-name NAME]
 
 Makes sure the demo's own org `cleanup-demo` exists (not `make run`'s tour org `demo`,
 whose tools the demo would otherwise overwrite) with the admin `admin` / `admin` (the same
-person as `make run`'s `setupdemo` makes), adds the agent `cleanup` with a fresh key and the
-reviewer `alice`,
+person as `make run`'s `setupdemo` makes), adds the agent `cleanup` with a fresh key (named NAME,
+"make demo" unless given; the previous key of that name is revoked) and the reviewer `alice`,
 and prints one JSON object: the agent key, the admin's and alice's API tokens and the
 org's webhook secret. This is the one part of the demo that is not the SDK: an agent
 key and people come from the server's admin, not from the API.
@@ -44,7 +44,11 @@ def main(argv: list[str]) -> int:
     Membership.objects.get_or_create(user=alice, org=org,
                                      defaults={"role": Membership.Role.REVIEWER})
     agent, _ = Agent.objects.get_or_create(org=org, name="cleanup")
-    _, key = AgentKey.issue(agent, name="make demo")
+    # One live key per demo: a rerun (or a retry after a failed run) revokes the one before.
+    key_name = argv[argv.index("--key-name") + 1] if "--key-name" in argv else "make demo"
+    for earlier in AgentKey.objects.live().filter(agent=agent, name=key_name):
+        earlier.revoke()
+    _, key = AgentKey.issue(agent, name=key_name)
     print(json.dumps({
         "org": org.slug, "agent": agent.name, "agent_key": key,
         "admin_token": Token.objects.get_or_create(user=admin)[0].key,

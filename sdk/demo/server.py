@@ -54,9 +54,9 @@ def is_up(url: str) -> bool:
         return False
 
 
-def attach(url: str) -> Server:
+def attach(url: str, key_name: str = "make demo") -> Server:
     """Use the running server; provision its database (this checkout's settings)."""
-    credentials = provision(os.environ.copy(), migrate=False)
+    credentials = provision(os.environ.copy(), migrate=False, key_name=key_name)
     server = Server(url, credentials, own=False)
     response = httpx.get(f"{url}/api/v1/agents/cleanup/budget", timeout=5,
                          headers={"Authorization": f"Bearer {credentials['agent_key']}"})
@@ -67,7 +67,7 @@ def attach(url: str) -> Server:
     return server
 
 
-def start(var_dir: Path) -> Server:
+def start(var_dir: Path, key_name: str = "make demo") -> Server:
     """A fresh server of its own: migrate, provision, then the launcher; wait until it answers."""
     wipe(var_dir)
     var_dir.mkdir(parents=True)
@@ -75,7 +75,7 @@ def start(var_dir: Path) -> Server:
     port = free_port()
     env.update(UNDOLOG_VAR_DIR=str(var_dir), PORT=str(port), WORKER_CONCURRENCY="2",
                DEBUG="1", PYTHONUNBUFFERED="1")
-    credentials = provision(env, migrate=True)
+    credentials = provision(env, migrate=True, key_name=key_name)
     log = var_dir / "server.log"
     with log.open("ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "undolog_site.launcher"], cwd=REPO,
@@ -112,8 +112,9 @@ def wait_until_up(server: Server, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-def provision(env: dict[str, str], *, migrate: bool) -> dict[str, Any]:
-    args = [sys.executable, "-m", "sdk.demo.provision", *(["--migrate"] if migrate else [])]
+def provision(env: dict[str, str], *, migrate: bool, key_name: str = "make demo") -> dict[str, Any]:
+    args = [sys.executable, "-m", "sdk.demo.provision", "--key-name", key_name,
+            *(["--migrate"] if migrate else [])]
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise SystemExit(f"provisioning the demo failed:\n{done.stderr[-3000:]}")

@@ -25,7 +25,7 @@
     document.getElementById("new-key-value").textContent = answer.key;
     document.getElementById("new-key-grace").textContent = answer.rotated ?
       " The rotated key " + answer.rotated.display + " keeps working until " +
-      new Date(answer.rotated.expires_at).toLocaleString() + ", so move the agent to this one before then." : "";
+      UL.formatTime(answer.rotated.expires_at) + ", so move the agent to this one before then." : "";
     var panel = document.getElementById("new-key");
     panel.hidden = false;
     panel.scrollIntoView({block: "nearest"});
@@ -144,7 +144,7 @@
       return UL.confirm({
         title: "Roll back " + plan.runs + " run" + (plan.runs === 1 ? "" : "s") + " of " + name + "?",
         body: "Fails its " + plan.running + " running run" + (plan.running === 1 ? "" : "s") + " and undoes the " +
-              plan.ended + " that ended since " + new Date(since).toLocaleString() + ": " + plan.entries +
+              plan.ended + " that ended since " + UL.formatTime(since) + ": " + plan.entries +
               " undo entr" + (plan.entries === 1 ? "y" : "ies") + " compensated, newest first within each run. " +
               "It cannot be taken back.",
         confirm: "Roll back " + plan.runs + " run" + (plan.runs === 1 ? "" : "s"),

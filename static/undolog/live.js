@@ -38,6 +38,18 @@
     connectHandlers.push(fn);
   };
 
+  /* ------------------------------------------------------------ the nav */
+
+  /* On a phone the nav is one row that scrolls sideways: the current page's link is brought
+   * into view (centred where it can be), or Settings and Audit sit off-screen. */
+  (function () {
+    var current = document.querySelector("header nav a[aria-current=page]");
+    var nav = current && current.parentElement;
+    if (!nav || nav.scrollWidth <= nav.clientWidth) return;
+    var navBox = nav.getBoundingClientRect(), box = current.getBoundingClientRect();
+    nav.scrollLeft += box.left - navBox.left - (navBox.width - box.width) / 2;
+  })();
+
   /* ------------------------------------------------------------ websocket */
 
   function setStatus(state, text) {
@@ -333,6 +345,17 @@
     return ms < 0 ? "overdue " + text : text;
   }
   UL.formatLeft = formatLeft;
+
+  /* A moment in the org's time zone, with the zone named ("2026-12-04 18:30 UTC", "… GMT+9"), in
+   * the server's "Y-m-d H:i" order: the browser's locale and zone differed from every other time. */
+  UL.formatTime = function (iso) {
+    var zone = config.time_zone || "UTC";
+    var parts = {};
+    new Intl.DateTimeFormat("en-CA", {timeZone: zone, year: "numeric", month: "2-digit", day: "2-digit",
+                                      hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZoneName: "short"})
+      .formatToParts(new Date(iso)).forEach(function (part) { parts[part.type] = part.value; });
+    return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" + parts.minute + " " + parts.timeZoneName;
+  };
 
   UL.tick = function () {
     var now = Date.now();

@@ -136,6 +136,7 @@
     } else {
       document.getElementById("queue-count").textContent = parseInt(document.getElementById("nav-pending").textContent, 10) || 0;
     }
+    updateBar();
   }
 
   function add(item, fresh) {
@@ -169,11 +170,14 @@
       refetch();
     }
   });
+  // The "Last 7 days" card counts decisions: the server re-renders it after each one.
+  var refreshStats = UL.refresher(document.getElementById("queue-stats"));
   ["approval.decided", "approval.expired"].forEach(function (kind) {
     UL.on(kind, function (payload) {
       var id = approvalId(payload);
       if (id) remove(id);
       update();
+      refreshStats();
     });
   });
   UL.on("approval.counted", function (payload) {
@@ -226,7 +230,11 @@
 
   function updateBar() {
     if (!bar) return;
-    var n = picked().length;
+    var n = picked().length, all = rows().filter(function (row) { return row.dataset.id; }).length;
+    // "Select all" says what is selected now: an emptied queue (or a new request) unticks it.
+    var pickAll = document.getElementById("pick-all");
+    pickAll.checked = all > 0 && n === all;
+    pickAll.indeterminate = n > 0 && n < all;
     document.getElementById("picked-count").textContent = n + " selected";
     document.getElementById("batch-approve").disabled = n === 0;
     document.getElementById("batch-reject").disabled = n === 0;

@@ -62,9 +62,15 @@
     rotateForm.addEventListener("submit", function (event) {
       event.preventDefault();
       var overlap = parseInt(rotateForm.overlap_s.value, 10);
-      UL.confirm({title: "Rotate the webhook signing secret?",
-                  body: overlap ? "The old secret keeps signing beside the new one for the overlap; update your receivers before it ends."
-                                : "The old secret stops signing now: receivers that still hold it will refuse undolog's webhooks.",
+      var body = overlap ? "The old secret keeps signing beside the new one for the overlap; update your receivers before it ends."
+                         : "The old secret stops signing now: receivers that still hold it will refuse undolog's webhooks.";
+      // Two secrets sign at most: a rotation inside the last one's overlap cuts that overlap short.
+      var earlier = document.getElementById("secret-overlap");
+      if (!earlier.hidden) {
+        body += " The secret before it, still signing from the last rotation, stops signing now: " +
+          "receivers that have not moved off it yet will refuse undolog's webhooks.";
+      }
+      UL.confirm({title: "Rotate the webhook signing secret?", body: body,
                   confirm: "Rotate"}).then(function (ok) {
         if (!ok) return;
         UL.act(rotateForm.querySelector("button[type=submit]"), function () {
@@ -76,7 +82,7 @@
           note.hidden = data.signing_secrets < 2;
           if (data.previous_secret_expires_at) {
             note.textContent = "The previous secret also signs until " +
-              new Date(data.previous_secret_expires_at).toLocaleString() + ".";
+              UL.formatTime(data.previous_secret_expires_at) + ".";
           }
         }, function () {});
       });

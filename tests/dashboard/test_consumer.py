@@ -112,6 +112,25 @@ def test_it_forwards_every_event_kind_of_its_org(acme, kind):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_quiet_socket_stays_open_past_several_blocking_receives_and_still_hears_the_next_event(acme, caplog):
+    """The layer's receive blocks 5 s in BZPOPMIN: a read timeout at or under that closed every
+    quiet socket with 1011 after ~5 s (redis-py 8's default). 12 s of silence spans two rounds."""
+    acme_reviewer = cookie_of(acme.reviewer.user)
+
+    async def scenario():
+        socket = await connected(acme_reviewer)
+        assert await socket.receive_nothing(timeout=12, interval=0.5)  # no close, nothing at all
+        await publish(acme.org, "approval.requested", {"approval": {"id": "a-quiet"}})
+        message = await socket.receive_json_from(timeout=2)
+        await socket.disconnect()
+        assert message["payload"] == {"approval": {"id": "a-quiet"}}
+
+    with caplog.at_level("WARNING", logger="approvals.consumers"):
+        run(scenario)
+    assert not [r for r in caplog.records if r.name == "approvals.consumers"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_sends_no_message_across_orgs(acme, outsider):
     acme_reviewer = cookie_of(acme.reviewer.user)
     outsider_reviewer = cookie_of(outsider.reviewer.user)
@@ -340,11 +359,13 @@ def test_every_recorded_kind_reaches_the_socket_through_the_notifier_and_it_stay
 @pytest.mark.django_db(transaction=True)
 def test_a_redis_outage_closes_the_socket_with_one_log_line_and_no_traceback(acme, settings, caplog):
     from tests.services import own_redis
+    from undolog_site.settings import channel_layer_host
 
     reviewer = cookie_of(acme.reviewer.user)
     with own_redis() as redis_server:
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                               "CONFIG": {"hosts": [redis_server.url], "prefix": "undolog"}}}
+                                               "CONFIG": {"hosts": [channel_layer_host(redis_server.url)],
+                                                          "prefix": "undolog"}}}
         from channels.layers import channel_layers
 
         channel_layers.backends.clear()

@@ -85,3 +85,45 @@ def test_a_worker_killed_mid_webhook_loses_no_compensation_and_doubles_none(stac
     assert log == [(1, "lost"), (2, "success")]
     assert set(UndoEntry.objects.filter(session_id=stack.session_id).values_list("state", flat=True)) == \
         {"compensated"}
+
+
+def test_ctrl_c_on_the_launcher_mid_compensation_lets_the_worker_finish_it_without_a_traceback(stack_of, receiver,
+                                                                                               tmp_path):
+    """`make run`, a compensation's webhook in flight, Ctrl-C: the launcher's shutdown is the
+    worker's warm shutdown (SIGTERM to its main process only), so the pool finishes the webhook
+    and records it, instead of dying mid-task with a WorkerLostError traceback."""
+    import subprocess
+    import sys
+
+    from tests.processes import BASE_DIR, child_env, free_port
+
+    stack = stack_of(3, timeout_ms=8000, max_retries=3)
+    in_flight = stack.entries[2]  # the newest: the walk's first
+    receiver.behaviour = lambda d: (200, 3.0 if d.key == in_flight and d.n == 1 else 0.1)
+    log_path = tmp_path / "launcher.log"
+    env = child_env(UNDOLOG_VAR_DIR=str(tmp_path), PORT=str(free_port()), WORKER_CONCURRENCY="2",
+                    UNDOLOG_DEMO_KEY_FILE=str(tmp_path / "no.key"), **FAST)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with log_path.open("wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "undolog_site.launcher"], cwd=BASE_DIR, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while "undolog is running" not in log_path.read_text(errors="replace"):
+            assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        assert stack.fail().status_code == 200
+        receiver.wait_for(lambda r: r.deliveries[in_flight] == 1, timeout=30)
+        launcher.send_signal(signal.SIGINT)  # Ctrl-C reaches the launcher alone: its children lead their own groups
+        assert launcher.wait(timeout=90) == 0
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+    log = log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "WorkerLostError" not in log, log[-4000:]
+    entry = UndoEntry.objects.get(pk=in_flight)
+    outcomes = list(UndoAttempt.objects.filter(entry_id=in_flight).order_by("number").values_list("outcome", flat=True))
+    assert (entry.state, outcomes) == ("compensated", ["success"]), (entry.state, outcomes)
+    assert receiver.deliveries[in_flight] == 1 and not receiver.duplicates

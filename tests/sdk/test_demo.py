@@ -124,9 +124,11 @@ def assert_everything_stopped(stdout: str, var_dir: Path) -> None:
     shutil.rmtree(var_dir, ignore_errors=True)
 
 
-def test_make_demo_finds_make_run_on_its_port_and_keeps_to_an_org_of_its_own():
-    """`PORT=… make run` in one terminal, `PORT=… make demo` in another: the demo attaches to
-    that server (no server of its own), plays in its own org, and leaves the tour's org alone."""
+def test_make_demo_then_make_demo_js_find_make_run_on_its_port_and_keep_to_an_org_of_their_own():
+    """`PORT=… make run` in one terminal, `PORT=… make demo` then `PORT=… make demo-js` in another:
+    each demo attaches to that server (no server of its own), plays in its own org, and leaves the
+    tour's org alone. After `make demo` the admin belongs to two orgs: the TypeScript demo names its
+    org (X-Undolog-Org) as the Python one does, and a rerun revokes its previous agent key."""
     import signal
     import sqlite3
 
@@ -152,12 +154,17 @@ def test_make_demo_finds_make_run_on_its_port_and_keeps_to_an_org_of_its_own():
             time.sleep(0.2)
         done = subprocess.run(["make", "-s", "demo"], cwd=BASE_DIR, env=env, capture_output=True, text=True,
                               timeout=120)
+        done_js = [subprocess.run(["make", "-s", "demo-js"], cwd=BASE_DIR, env=env, capture_output=True, text=True,
+                                  timeout=120) for _ in range(2)]
     finally:
         os.killpg(run.pid, signal.SIGTERM)
         run.wait(timeout=30)
     with sqlite3.connect(var_dir / "undolog.sqlite3") as db:
         tools = dict(db.execute("SELECT o.slug, count(t.id) FROM orgs_organization o "
                                 "LEFT JOIN effects_tool t ON t.org_id = o.id GROUP BY o.slug").fetchall())
+        live_keys = db.execute("SELECT k.name, count(*) FROM orgs_agentkey k JOIN orgs_agent a ON a.id = k.agent_id "
+                               "JOIN orgs_organization o ON o.id = a.org_id WHERE o.slug = 'cleanup-demo' "
+                               "AND k.revoked_at IS NULL GROUP BY k.name").fetchall()
     shutil.rmtree(var_dir, ignore_errors=True)
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -167,3 +174,8 @@ def test_make_demo_finds_make_run_on_its_port_and_keeps_to_an_org_of_its_own():
     assert "reset to the guide's five" in done.stdout
     assert "wait_compensated() -> compensated" in done.stdout
     assert tools["demo"] == 0 and tools["cleanup-demo"] >= 5, tools
+    for run_js in done_js:
+        assert run_js.returncode == 0, run_js.stdout[-3000:] + run_js.stderr[-3000:]
+        assert "the server already running" in run_js.stdout and "a server of its own" not in run_js.stdout
+        assert "403" not in run_js.stdout + run_js.stderr
+    assert sorted(live_keys) == [("make demo", 1), ("make demo-js", 1)]  # the rerun revoked its first key
