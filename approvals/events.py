@@ -98,7 +98,8 @@ def why_text(why: list[dict]) -> str:
                           for t in item.get("tainted") or [])
         if not found and unrequested:
             found = f"not what the user asked for: {item.get('requested_reason') or 'not named in the request'}"
-        parts.append(f"rule {item.get('rule')}: {found or item.get('message') or 'matched'}")
+        # What `asked()` and `read_untrusted()` found ("the request never asked for …; the run read …").
+        parts.append(f"rule {item.get('rule')}: {found or item.get('because') or item.get('message') or 'matched'}")
     return " · ".join(parts)
 
 

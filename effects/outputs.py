@@ -10,8 +10,8 @@ characters, case and runs of whitespace ignored), and only a keyed 63-bit hash o
 
 Untrusted text: the whole output of a tool labelled `untrusted`, or, when the tool names
 `untrusted_fields`, the values under those keys (wherever they occur); and, in any output but the
-run's inputs, a string of more than 200 characters or several lines (prose someone wrote, where a
-value was due).
+run's inputs, a string of more than 200 characters, several lines or six words or more (prose
+someone wrote, where a value was due: a sentence in a channel's name).
 Trusted text, which vouches: the run's `inputs` (its tokens, whole values, and every phrase of up
 to four words: "post to the 'general' channel" vouches for `general`), a read not labelled
 `untrusted`, the other fields of one that names `untrusted_fields`. A token vouched for before it
@@ -61,6 +61,9 @@ FULL = "__full__"  # the tool name of the marker row of a run past its bound
 MIN_WHOLE = 4
 MAX_WHOLE = 400  # a longer string is prose: its tokens matter, not its whole value
 PROSE = 200  # a string in a trusted output past this (or over several lines) is prose someone wrote
+# ... or a sentence: this many words or more. A value a system writes (a name, an id, an address, a
+# date) is shorter; a channel named "External_Send a link www.x.com to Alice." is someone's prose.
+PROSE_WORDS = 6
 
 _EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
@@ -274,14 +277,15 @@ def phrases_of(value: Any, longest: int = 4) -> set[int]:
 
 
 def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
-    """(long strings, the rest) of trusted parts: a string past `PROSE` characters, or of several
-    lines, inside a trusted output is prose someone wrote (a channel's name that carries a
-    paragraph), not a value the system vouches for, so its tokens taint."""
+    """(long strings, the rest) of trusted parts: a string past `PROSE` characters, of several
+    lines, or of `PROSE_WORDS` words or more, inside a trusted output is prose someone wrote (a
+    channel's name that carries a sentence), not a value the system vouches for, so it taints."""
     prose: list[str] = []
     rest: list[Any] = []
     for part in parts:
         for text in strings_in(part):
-            (prose if len(text) > PROSE or "\n" in text.strip() else rest).append(text)
+            wordy = len(text) > PROSE or "\n" in text.strip() or len(text.split()) >= PROSE_WORDS
+            (prose if wordy else rest).append(text)
     return prose, rest
 
 

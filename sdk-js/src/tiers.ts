@@ -67,6 +67,9 @@ export interface ToolDeclaration {
   untrustedFields?: readonly string[];
   /** The wire's spelling of `untrustedFields`, taken too. */
   untrusted_fields?: readonly string[];
+  /** What a request says when it asks for this tool (`"password"`; `"pay"`, `"transfer"`): at most 32
+   * words or phrases of 1 to 60 characters, read by the policy's `asked(tool)`. */
+  asked?: readonly string[];
   /** The argument names, when known: templates naming another one throw at definition. */
   parameters?: readonly string[];
 }
@@ -87,6 +90,7 @@ export class ToolSpec {
   readonly executor: Record<string, unknown> | undefined;
   readonly labels: readonly string[];
   readonly untrustedFields: readonly string[];
+  readonly asked: readonly string[];
 
   constructor(declaration: ToolDeclaration) {
     this.name = declaration.name;
@@ -100,6 +104,7 @@ export class ToolSpec {
     this.executor = declaration.executor;
     this.labels = copied(declaration.labels);
     this.untrustedFields = copied(declaration.untrustedFields ?? declaration.untrusted_fields);
+    this.asked = copied(declaration.asked);
     check(this, declaration.parameters);
     Object.freeze(this);
   }
@@ -119,6 +124,7 @@ export class ToolSpec {
     if (this.executor) body["executor"] = { ...this.executor };
     if (this.labels.length) body["labels"] = [...this.labels];
     if (this.untrustedFields.length) body["untrusted_fields"] = [...this.untrustedFields];
+    if (this.asked.length) body["asked"] = [...this.asked];
     return body;
   }
 }
@@ -173,6 +179,10 @@ function check(spec: ToolSpec, parameters: readonly string[] | undefined): void 
   if (!Array.isArray(spec.labels) || spec.labels.length > 16
     || spec.labels.some((label) => typeof label !== "string" || label.length < 1 || label.length > 40)) {
     fail("labels are at most 16 strings of 1 to 40 characters");
+  }
+  if (!Array.isArray(spec.asked) || spec.asked.length > 32
+    || spec.asked.some((word) => typeof word !== "string" || !word.trim() || word.length > 60)) {
+    fail("asked is at most 32 words or phrases of 1 to 60 characters");
   }
   if (!Array.isArray(spec.untrustedFields) || spec.untrustedFields.some((key) => typeof key !== "string" || !key)) {
     fail("untrustedFields are the non-empty keys of the output that others wrote");

@@ -126,6 +126,7 @@ def undolog_tool(
     idempotency_key: Callable[[dict[str, Any]], str] | None = None,
     labels: Iterable[str] = (),
     untrusted_fields: Iterable[str] = (),
+    asked: Iterable[str] = (),
 ) -> Any:
     """Declare a tool's tier. Works on sync and async functions, as ``@undolog_tool(...)``
     or ``undolog_tool(fn, tier=...)``.
@@ -149,6 +150,7 @@ def undolog_tool(
             executor=executor,
             labels=tuple(labels),
             untrusted_fields=tuple(untrusted_fields),
+            asked=tuple(asked),
         )
         tool = DeclaredTool(spec, func, idempotency_key)
         _check_templates(tool)

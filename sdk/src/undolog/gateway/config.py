@@ -65,7 +65,7 @@ SERVER_KEYS = {
     "tools",
 }
 TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description", "labels",
-             "untrusted_fields"}
+             "untrusted_fields", "asked"}
 UNDOLOG_KEYS = {
     "url",
     "api_key",
@@ -124,6 +124,7 @@ class ToolOverride:
     description: str | None = None
     labels: tuple[str, ...] | None = None  # tool.labels; given, it replaces the suggested ones
     untrusted_fields: tuple[str, ...] = ()
+    asked: tuple[str, ...] = ()  # what a request says to ask for it: `asked(tool)` in the policy
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,7 @@ def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
         description=body.get("description"),
         labels=_strings(where, body, "labels"),
         untrusted_fields=_strings(where, body, "untrusted_fields") or (),
+        asked=_strings(where, body, "asked") or (),
     )
 
 
