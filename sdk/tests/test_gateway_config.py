@@ -216,6 +216,7 @@ def test_a_tool_table_declares_what_a_request_says_to_ask_for_it():
     config = parse_config(with_tool(asked=["issue", "file a bug"]))
     spec, _ = tier_tool(config.servers[0], Tool("create_issue", readOnlyHint=True), "create_issue")
 
-    assert spec.asked == ("issue", "file a bug") and spec.to_dict()["asked"] == ["issue", "file a bug"]
+    assert spec.asked == ("issue", "file a bug")
+    assert spec.to_dict()["asked"] == ["issue", "file a bug"]
     with pytest.raises(ConfigError, match="asked must be a list of strings"):
         parse_config(with_tool(asked="issue"))

@@ -30,7 +30,8 @@ async def read_page(url: str) -> str:
     return f"page {url}"
 
 
-@undolog_tool(tier=ToolTier.IRREVERSIBLE, reason="Mail leaves", labels=["external"], asked=["send", "mail"])
+@undolog_tool(tier=ToolTier.IRREVERSIBLE, reason="Mail leaves", labels=["external"],
+              asked=["send", "mail"])
 def send_mail(to: str) -> str:
     return "sent"
 

@@ -161,8 +161,10 @@ class ToolSpec:
         object.__setattr__(self, "labels", tuple(self.labels))
         object.__setattr__(self, "untrusted_fields", tuple(self.untrusted_fields))
         object.__setattr__(self, "asked", tuple(self.asked))
-        if len(self.asked) > 32 or any(not isinstance(x, str) or not x.strip() or len(x) > 60 for x in self.asked):
-            raise ValueError(f"{self.name}: asked is at most 32 words or phrases of 1 to 60 characters")
+        if len(self.asked) > 32 or any(not isinstance(x, str) or not x.strip() or len(x) > 60
+                                       for x in self.asked):
+            raise ValueError(f"{self.name}: asked is at most 32 words or phrases "
+                             "of 1 to 60 characters")
         if len(self.labels) > 16 or any(not isinstance(x, str) or not 0 < len(x) <= 40
                                         for x in self.labels):
             raise ValueError(f"{self.name}: labels are at most 16 strings of 1 to 40 characters")
