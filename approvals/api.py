@@ -125,6 +125,9 @@ class ApprovalViewSet(OrgScopedViewSet):
     @extend_schema(operation_id="v1_approvals_list", parameters=[
         OpenApiParameter("state", str, enum=[*ApprovalRequest.State.values, ""],
                          description="pending: oldest deadline first; otherwise newest decision first."),
+        OpenApiParameter("flagged", bool, description="true: only flagged calls (ran at once, review after; reject "
+                                                      "undoes them); false: only held calls (waiting to run). "
+                                                      "Absent: both."),
         OpenApiParameter("limit", int, description="At most this many (default 100, at most 500).")],
         summary="The approval queue", tags=["approvals"], responses=ok(shapes.ApprovalListDict))
     def list(self, request: Request) -> Response:
@@ -135,6 +138,8 @@ class ApprovalViewSet(OrgScopedViewSet):
                           f"state must be one of {', '.join(ApprovalRequest.State.values)}.")
         if state:
             approvals = approvals.filter(state=state)
+        if request.query_params.get("flagged", "") != "":
+            approvals = approvals.filter(flagged=flag(request, "flagged"))
         approvals = approvals.order_by("timeout_at", "created") if state == ApprovalRequest.State.PENDING \
             else approvals.order_by("-created")
         limit = _limit(request)

@@ -77,6 +77,11 @@ class WhyDict(TypedDict):
     tainted: list[TaintedDict]
     requested: NotRequired[bool]
     requested_reason: NotRequired[str]
+    # What `asked()` and `read_untrusted()` found on the way (issue 38), and both in one sentence.
+    asked: NotRequired[bool]
+    asked_reason: NotRequired[str]
+    read_untrusted: NotRequired[dict[str, Any]]
+    because: NotRequired[str]
 
 
 NOT_REQUESTED = "and was not named in the user's request"
@@ -93,7 +98,8 @@ def why_text(why: list[dict]) -> str:
                           for t in item.get("tainted") or [])
         if not found and unrequested:
             found = f"not what the user asked for: {item.get('requested_reason') or 'not named in the request'}"
-        parts.append(f"rule {item.get('rule')}: {found or item.get('message') or 'matched'}")
+        # What `asked()` and `read_untrusted()` found ("the request never asked for …; the run read …").
+        parts.append(f"rule {item.get('rule')}: {found or item.get('because') or item.get('message') or 'matched'}")
     return " · ".join(parts)
 
 
@@ -138,6 +144,7 @@ class ApprovalPayload(TypedDict):
     rule_observations: list[RuleObservationDict]
     why: list[WhyDict]
     reviewer_group: str | None
+    flagged: bool
 
 
 class ApprovalEventPayload(EventPayload):
@@ -162,7 +169,7 @@ def approval_payload(approval) -> ApprovalPayload:
         decision_reason=approval.decision_reason or None, rollback=approval.rollback,
         approvals_required=approval.approvals_required, approvals=approval.approvals, quorum=approval.quorum,
         rule=approval.rule or None, rule_observations=approval.rule_observations, why=approval.why or [],
-        reviewer_group=approval.reviewer_group_name or None,
+        reviewer_group=approval.reviewer_group_name or None, flagged=approval.flagged,
     )
 
 

@@ -19,7 +19,7 @@ from approvals.rules import Rule, RuleChange  # noqa: F401
 from budgets.models import Refusal
 from core.errors import Conflict, Forbidden, Invalid
 from deliveries.models import Delivery
-from effects.models import Effect, Session, Tool, canonical_json, render_text, sha256
+from effects.models import Effect, Session, Tool, UndoEntry, canonical_json, render_text, sha256, undo_one_due
 from orgs.models import Event, Organization
 
 TIMEOUT_LABEL = "timeout"
@@ -155,6 +155,8 @@ class ApprovalRequest(models.Model):
     rule_observations = models.JSONField(default=list, blank=True,
                                          help_text="What observe-mode rules would have decided.")
     # Why a rule holds the call: [{"rule", "message", "tainted": [{"arg", "token", "from_step", "from_tool"}]}].
+    flagged = models.BooleanField(
+        default=False, help_text="A compensable call a flag rule let run at once: review after; reject undoes it.")
     why = models.JSONField(default=list, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
@@ -175,12 +177,12 @@ class ApprovalRequest(models.Model):
     def open_for(cls, effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
                  approvals_required: int = 1, rule: str = "", reviewer_group: Any = None,
                  observations: list[dict[str, Any]] | None = None,
-                 why: list[dict[str, Any]] | None = None) -> ApprovalRequest:
+                 why: list[dict[str, Any]] | None = None, flagged: bool = False) -> ApprovalRequest:
         """Create the request in the intercept transaction (deadline: tool, else org)."""
         return cls.objects.create(**cls.values_for(effect, tool, session, context,
                                                    approvals_required=approvals_required, rule=rule,
                                                    reviewer_group=reviewer_group, observations=observations,
-                                                   why=why))
+                                                   why=why), flagged=flagged)
 
     @staticmethod
     def values_for(effect: Effect, tool: Tool, session: Session, context: dict[str, Any], *,
@@ -256,7 +258,8 @@ class ApprovalRequest(models.Model):
         return {"approval": self.summary(), "tool": self.tool_name, "effect": str(self.effect_id),
                 "decision": self.decision, "decided_by": self.decided_by_label or None,
                 "reason": self.decision_reason or None, "rollback": self.rollback,
-                "approvals": self.approvals, "approvals_required": self.approvals_required}
+                "approvals": self.approvals, "approvals_required": self.approvals_required,
+                "flagged": self.flagged}
 
     # ------------------------------------------------------------ decisions
 
@@ -289,6 +292,8 @@ class ApprovalRequest(models.Model):
                            code="edit_needs_single_approver", approvals_required=self.approvals_required)
         label = _label(by)
         person = by is not None
+        if self.flagged:
+            return self._keep_flagged(by, label, reason)
         with transaction.atomic():
             approvals = self._count_approval(by, reason) if person else self.approvals
             if approvals is None:
@@ -297,6 +302,17 @@ class ApprovalRequest(models.Model):
             self._decide(self.State.APPROVED, by, label, reason, due_only=not person,
                          before_deadline=person, decided_args_digest=digest, approvals=approvals)
             self._release_approved(label, reason, edited)
+
+    def _keep_flagged(self, by, label: str, reason: str) -> None:
+        """Approve a flagged call: it ran already, and stays done; the run is not touched."""
+        with transaction.atomic():
+            if by is not None:
+                self._refuse_run_starter(by)
+            self._decide(self.State.APPROVED, by, label, reason, decided_args_digest=self.args_digest,
+                         before_deadline=by is not None, due_only=by is None)
+            session = Session.objects.select_related("agent").get(pk=self.session_id)
+            Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
+                         **self.event_data())
 
     def approve_at_once(self, effect: Effect, label: str, reason: str, **extra: Any) -> None:
         """Decided at the intercept, in its transaction, by a rule (`rule:<name>`) or a live grant
@@ -399,6 +415,8 @@ class ApprovalRequest(models.Model):
             raise Invalid({"reason": "A reason is required to reject (the agent is told it)."},
                           "A reason is required to reject.")
         label = _label(by)
+        if self.flagged:
+            return self._undo_flagged(by, label, reason, rollback)
         with transaction.atomic():
             self._decide(self.State.REJECTED, by, label, reason, rollback=rollback)
             effect, session = self._effect_and_session()
@@ -411,8 +429,35 @@ class ApprovalRequest(models.Model):
             Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
                          **self.event_data())
 
+    def _undo_flagged(self, by, label: str, reason: str, rollback: bool) -> None:
+        """Reject a flagged call, which ran already: undo that call alone (its undo entry, claimed
+        like the walk's, exactly once: lifecycle/flagged.py, after commit), the run going on; or,
+        with `rollback`, fail the run (a finished one: undo it) so its whole stack is walked back."""
+        with transaction.atomic():
+            self._decide(self.State.REJECTED, by, label, reason, rollback=rollback)
+            effect, session = self._effect_and_session()
+            if rollback and session.state in Session.OPEN | {Session.State.HALTED}:
+                session.fail(reason, label)
+            elif rollback and session.state == Session.State.COMPLETED:
+                session.undo(label)
+            elif session.state != Session.State.COMPENSATING:
+                entry = UndoEntry.objects.filter(effect_id=effect.pk).values_list("pk", flat=True).first()
+                if entry is not None:
+                    transaction.on_commit(lambda: undo_one_due.send(sender=ApprovalRequest, entry_id=entry))
+            Event.record(self.org, "approval.decided", agent=session.agent, session_id=session.pk,
+                         **self.event_data())
+
     def expire(self) -> None:
-        """The deadline passed: auto-approve if configured, else effect expired, session halted."""
+        """The deadline passed: auto-approve if configured, else effect expired, session halted.
+        A flagged call ran already: nobody rejected it, so it stays done (the request expires)."""
+        if self.flagged:
+            with transaction.atomic():
+                self._decide(self.State.EXPIRED, None, TIMEOUT_LABEL, "Nobody reviewed the flagged call in time; "
+                             "it stays done.", due_only=True)
+                session = Session.objects.select_related("agent").get(pk=self.session_id)
+                Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
+                             **self.event_data())
+            return
         if self.auto_approve_on_timeout and Session.objects.filter(
                 pk=self.session_id, state=Session.State.AWAITING_APPROVAL).exists():
             self.approve(by=None, reason="Approved automatically: the deadline passed without a decision.")
@@ -434,7 +479,8 @@ class ApprovalRequest(models.Model):
         with transaction.atomic():
             self._decide(self.State.EXPIRED, None, actor, reason)
             effect, session = self._effect_and_session()
-            effect.expire(actor=actor)
+            if not self.flagged:  # a flagged call ran: the run's walk undoes it with the rest
+                effect.expire(actor=actor)
             Event.record(self.org, "approval.expired", agent=session.agent, session_id=session.pk,
                          withdrawn=True, **self.event_data())
 

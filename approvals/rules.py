@@ -110,7 +110,7 @@ def _check_functions(source: str, program: Any) -> None:
 def reads_of(source: str, program: Any) -> frozenset[str]:
     """What of the run a condition reads beyond its counters (each costs a query or more)."""
     functions = set(program.functions())
-    reads = {name for name in ("tainted", "requested", "window") if name in functions}
+    reads = {name for name in ("tainted", "requested", "read_untrusted", "asked", "window") if name in functions}
     if _READS_CALLS.search(source):
         reads.add("calls")
     if _READS_INPUTS.search(source):
@@ -146,6 +146,9 @@ class Rule(models.Model):
         APPROVE = "approve"
         DENY = "deny"
         REQUIRE = "require"
+        # A compensable call runs at once and a person reviews it after (issue 38); rejected, it is
+        # undone. On an irreversible call (a rule without `tool` may match one) it holds, as require.
+        FLAG = "flag"
 
     class Mode(models.TextChoices):
         ENFORCE = "enforce"
@@ -362,7 +365,8 @@ def rules_of(org: Organization) -> list[CompiledRule]:
 
 
 def _may_hold(rule: CompiledRule) -> bool:
-    return rule.mode == Rule.Mode.ENFORCE and rule.outcome in (Rule.Outcome.REQUIRE, Rule.Outcome.DENY)
+    return rule.mode == Rule.Mode.ENFORCE and rule.outcome in (Rule.Outcome.REQUIRE, Rule.Outcome.DENY,
+                                                                 Rule.Outcome.FLAG)
 
 
 def _compensable_names(org_id: Any) -> set[str]:
@@ -380,6 +384,8 @@ def names_compensable(rule: CompiledRule, compensable: set[str]) -> bool:
     calls go through the rules (a label an irreversible tool shares only costs the fast path)."""
     if not _may_hold(rule):
         return False
+    if rule.outcome == Rule.Outcome.FLAG:
+        return True  # a flag rule decides nothing but compensable calls
     if rule.tool:
         return rule.tool in compensable
     literals = {a or b for a, b in _LITERAL.findall(rule.source)}
@@ -398,7 +404,8 @@ def rules_see_compensable(org_id: Any, tools: dict[str, Any]) -> bool:
     compensable = {name for name, tool in tools.items() if tool.tier == "compensable"}
     compensable |= {label for tool in tools.values() if tool.tier == "compensable" for label in tool.labels or ()}
     rows = Rule.objects.filter(org_id=org_id, mode=Rule.Mode.ENFORCE,
-                               outcome__in=[Rule.Outcome.REQUIRE, Rule.Outcome.DENY]).select_related("reviewer_group")
+                               outcome__in=[Rule.Outcome.REQUIRE, Rule.Outcome.DENY, Rule.Outcome.FLAG]
+                               ).select_related("reviewer_group")
     return any(names_compensable(c, compensable) for c in map(compiled, rows) if c is not None)
 
 
@@ -429,7 +436,7 @@ def now_in(org: Organization, moment=None) -> dict[str, Any]:
 def tool_of(tool: Any) -> dict[str, Any]:
     return {"name": tool.name, "tier": tool.tier, "risk_tags": list(tool.risk_tags or []),
             "cost_weight": float(tool.cost_weight), "irreversible": bool(tool.irreversible),
-            "labels": list(tool.labels or [])}
+            "labels": list(tool.labels or []), "asked": list(getattr(tool, "asked", None) or [])}
 
 
 def run_of(session: Any, view: runaware.RunView | None = None, reads: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -456,7 +463,7 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         return verdict
     for rule in rules:
         if view is not None:
-            view.hits, view.unrequested = [], None
+            view.hits, view.unrequested, view.unasked, view.untrusted_read = [], None, None, None
         if not rule.matches(context):
             continue
         if rule.mode == Rule.Mode.OBSERVE:
@@ -468,8 +475,28 @@ def evaluate(rules: list[CompiledRule], activation: dict[str, Any],
         if view is not None and view.unrequested:
             # `requested()` said no on the way: not named in the user's request, and why.
             verdict.why[0].update(requested=False, requested_reason=view.unrequested)
+        if view is not None:
+            verdict.why[0].update(_because(view))
         break
     return verdict
+
+
+def _because(view: runaware.RunView) -> dict[str, Any]:
+    """What `asked()` and `read_untrusted()` found on the way to the deciding rule, for `why`: e.g.
+    "the request never asked for update_password (it says none of: password); the run read untrusted
+    text at step 3 (read_inbox)"."""
+    found: dict[str, Any] = {}
+    said = []
+    if view.unasked:
+        found.update(asked=False, asked_reason=view.unasked)
+        said.append(view.unasked)
+    if view.untrusted_read is not None:
+        source = view.untrusted_read
+        found["read_untrusted"] = {"step": source.step_index, "tool": source.tool}
+        said.append(f"the run read untrusted text at step {source.step_index} ({source.tool})")
+    if said:
+        found["because"] = "; ".join(said)
+    return found
 
 
 def _distinct(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -497,6 +524,7 @@ def decide(org: Organization, agent: Agent, session: Any, tool: Any, args: dict[
         step = step_index if step_index is not None else getattr(effect, "step_index", session.step_index)
         view = runaware.RunView(session, agent.id, step_index=step, moment=timezone.now(),
                                 exclude=getattr(effect, "pk", None), args=args, taint=taint)
+        view.tool = tool
     # Only what some rule reads (the day's usage costs a query; the rest, copies and a time zone).
     builders = {"args": lambda: args, "tool": lambda: tool_of(tool), "agent": lambda: {"name": agent.name},
                 "run": lambda: run_of(session, view, reads), "now": lambda: now_in(org),

@@ -81,6 +81,17 @@ def _check_group(outcome: str, group: ReviewerGroup | None) -> None:
                       f"{outcome}); set outcome to require, or reviewer_group to null.")
 
 
+def _check_flag(org, outcome: str, tool: str) -> None:
+    """`flag` lets a call run and reviews it after: only a compensable call can be undone then."""
+    if outcome != Rule.Outcome.FLAG or not tool:
+        return
+    tier = Tool.objects.for_org(org).filter(name=tool).values_list("tier", flat=True).first()
+    if tier == Tier.IRREVERSIBLE:
+        raise Invalid({"outcome": f"flag lets a call run and reviews it after, so it needs an undo: {tool} is "
+                                  "irreversible (use require to hold it)."},
+                      f"outcome: flag on {tool}, an irreversible tool; use require to hold it.")
+
+
 def _name_taken(name: str) -> Conflict:
     return Conflict(f"A rule named {name!r} exists in this organization; names are unique (decided_by "
                     "says rule:<name>).", code="rule_exists")
@@ -134,6 +145,7 @@ class RuleViewSet(OrgScopedViewSet):
             data["position"] = 0 if last is None else last + 10  # after the last, with room between
         data["tool"] = data.get("tool") or ""
         _check_group(data["outcome"], data.get("reviewer_group"))
+        _check_flag(self.org, data["outcome"], data["tool"])
         try:
             with transaction.atomic():
                 rule = Rule.add(self.org, data, actor=self.caller.label)
@@ -154,6 +166,7 @@ class RuleViewSet(OrgScopedViewSet):
         rule = self.get_object()
         _check_group(data.get("outcome", rule.outcome),
                      data.get("reviewer_group", rule.reviewer_group))
+        _check_flag(self.org, data.get("outcome", rule.outcome), data.get("tool", rule.tool))
         try:
             with transaction.atomic():
                 rule.change(data, actor=self.caller.label)

@@ -16,6 +16,14 @@
   vouch for what general contains); a tainted token also seen in any read the user did not name,
   a run past its fingerprint bound, a source step with no call: false. Nothing is kept for `why`
   (the `tainted(args)` beside it says which argument came from where).
+- `read_untrusted()`: the run read text others wrote before this call (a read labelled `untrusted`
+  reported with its output, or a trusted read's prose), whatever that text carried; `why` then names
+  the first such read ("the run read untrusted text at step 3 (read_inbox)").
+- `asked(tool)`: the user's request asks for this kind of action: one of the phrases the tool
+  declares in `asked` (its registration) appears in the run's `inputs`, word by word (each word of
+  the phrase begins a word of the request, in order: "pay" finds "payment", "change password"
+  finds "change the password" no, "change password" yes). A tool that declares none is never asked.
+  `why` then says so ("the request never asked for update_password (none of: password)").
 - Helpers over text: `emails(text)`, `urls(text)`, `hosts(text)` (lists, lowercased), `lower(text)`,
   `domain(email_or_url)`.
 
@@ -35,10 +43,10 @@ from django.db import connection
 from effects import outputs
 from effects.models import Effect, SafeCall, Tier, Tool
 
-FUNCTIONS = frozenset({"tainted", "requested", "window", "count", "sum", "emails", "urls", "hosts", "lower",
-                       "domain"})
+FUNCTIONS = frozenset({"tainted", "requested", "read_untrusted", "asked", "window", "count", "sum", "emails", "urls",
+                       "hosts", "lower", "domain"})
 # A free call of these with nothing to work on is a mistake the compiler cannot see (`tainted()`).
-NEEDS_ARGUMENT = ("tainted", "requested", "window", "emails", "urls", "hosts", "lower", "domain")
+NEEDS_ARGUMENT = ("tainted", "requested", "asked", "window", "emails", "urls", "hosts", "lower", "domain")
 _DURATION = re.compile(r"^\s*(\d{1,6})\s*(s|m|h|d)\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_WINDOW = timedelta(days=90)
@@ -117,6 +125,11 @@ class RunView:
         # Why `requested()` said no while a rule was evaluated (reset per rule, as `hits`): for `why`.
         self.unrequested: str | None = None
         self._named: dict[int, str] | None = None
+        # For `asked()` of the call's own tool (its declarations), and what it and `read_untrusted()`
+        # found while a rule was evaluated (reset per rule, as `hits`): for `why`.
+        self.tool: Any = None
+        self.unasked: str | None = None
+        self.untrusted_read: outputs.Source | None = None
 
     # ------------------------------------------------------------ variables
 
@@ -137,7 +150,8 @@ class RunView:
     # ------------------------------------------------------------ functions
 
     def functions(self) -> dict[str, Any]:
-        return {"tainted": self.tainted, "requested": self.requested, "window": self.window, "count": self.count,
+        return {"tainted": self.tainted, "requested": self.requested, "read_untrusted": self.read_untrusted,
+                "asked": self.asked, "window": self.window, "count": self.count,
                 "sum": self.sum, "emails": emails, "urls": urls, "hosts": hosts, "lower": lambda t: str(t).lower(),
                 "domain": domain}
 
@@ -157,6 +171,31 @@ class RunView:
             found = [{**hit, "arg": self._arg_of.get(hit["token"], hit["arg"])} for hit in found]
         self.hits.extend(found)
         return bool(found)
+
+    def read_untrusted(self) -> bool:
+        taint = self.taint()
+        source = taint.untrusted or (taint.full_source if taint.full else None)
+        if source is not None:
+            self.untrusted_read = source
+        return source is not None
+
+    def asked(self, tool: Any) -> bool:
+        """`tool`: the condition's `tool` (a map with its `asked`), or a tool's name."""
+        name, phrases = self._declared(tool)
+        if phrases and asked_in(phrases, self.session.inputs):
+            return True
+        self.unasked = (f"the request never asked for {name} (it says none of: {', '.join(phrases)})" if phrases
+                        else f"the request never asked for {name} (the tool declares no asked words)")
+        return False
+
+    def _declared(self, tool: Any) -> tuple[str, list[str]]:
+        if isinstance(tool, dict) or (hasattr(tool, "get") and not isinstance(tool, str)):
+            return str(tool.get("name", "")), [str(p) for p in (tool.get("asked") or [])]
+        name = str(tool)
+        if self.tool is not None and name == self.tool.name:
+            return name, list(self.tool.asked or [])
+        found = Tool.objects.filter(org_id=self.session.org_id, name=name).values_list("asked", flat=True).first()
+        return name, list(found or [])
 
     def requested(self, value: Any) -> bool:
         """See the module docstring. `value` a map: its entries are the arguments; else it is the one.
@@ -246,6 +285,25 @@ class RunView:
             self._windows[key] = [approved if approved is not None else args
                                   for args, approved in rows.values_list("args", "approved_args")]
         return self._windows[key]
+
+
+def _plain(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def asked_in(phrases: list[str], inputs: Any) -> bool:
+    """Whether one of `phrases` appears in a string of `inputs`: its words, in order and next to each
+    other, each beginning a word of the request ("pay" finds "Payment", "book" finds "booking")."""
+    said = [_plain(text) for text in outputs.strings_in(inputs)]
+    for phrase in phrases:
+        words = _plain(phrase)
+        if not words:
+            continue
+        for text in said:
+            for i in range(len(text) - len(words) + 1):
+                if all(text[i + n].startswith(word) for n, word in enumerate(words)):
+                    return True
+    return False
 
 
 def _calls_at(session_id: Any, steps: list[int]) -> list[tuple[int, str, Any]]:

@@ -42,6 +42,7 @@ class ApprovalItemDict(TypedDict):
     rule_observations: list[RuleObservationDict]
     why: list[WhyDict]
     reviewer_group: str | None
+    flagged: bool
     reasoning: str
     seconds_left: int | None
 

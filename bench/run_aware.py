@@ -28,6 +28,8 @@ import itertools
 import os
 import statistics
 import time
+import tomllib
+from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/undolog_bench_runaware")
 
@@ -41,7 +43,11 @@ RULES = {
     "plain rule": 'tool.tier in ["compensable", "irreversible"] && args.to.endsWith("@evil-mail.io")',
     "tainted only": 'tool.tier in ["compensable", "irreversible"] && tainted(args)',
     "run-aware rule": 'tool.tier in ["compensable", "irreversible"] && tainted(args) && !requested(args)',
+    # The recommended policy whole (bench/agentdojo/policy.toml, issue 38): its four rules, with the
+    # tools' `asked` declarations, so `read_untrusted()` and `asked()` are paid for too.
+    "recommended": None,
 }
+POLICY = Path(__file__).resolve().parent / "agentdojo" / "policy.toml"
 
 
 def prepare(name: str, condition: str):
@@ -54,7 +60,13 @@ def prepare(name: str, condition: str):
     Tool.objects.create(org=bench.org, name="read_channel", tier="safe", labels=["untrusted"],
                         untrusted_fields=["body"])
     Tool.objects.create(org=bench.org, name="send_message", tier="irreversible", approval_reason="Read at once")
-    Rule.objects.create(org=bench.org, name="hold", condition=condition, outcome="require", position=0)
+    if condition is not None:
+        Rule.objects.create(org=bench.org, name="hold", condition=condition, outcome="require", position=0)
+    else:
+        Tool.objects.filter(org=bench.org).exclude(tier="safe").update(asked=["send", "mail", "message"])
+        for n, rule in enumerate(tomllib.loads(POLICY.read_text())["rules"]):
+            Rule.objects.create(org=bench.org, name=rule["name"], condition=rule["condition"], outcome=rule["outcome"],
+                                position=n)
     return Client(HTTP_AUTHORIZATION=f"Bearer {bench.key}", HTTP_HOST="127.0.0.1"), bench.agent.name
 
 
@@ -126,8 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
             taken = summary[name][kind]
             print(f"  {name:15} p50 {taken['p50']:6.2f} p99 {taken['p99']:6.2f} sql {taken['queries']:2} "
                   f"(with the session's)")
-        added = summary["run-aware rule"][kind]["p50"] - summary["plain rule"][kind]["p50"]
-        print(f"  run-aware adds {added:+.2f} ms p50 to the intercept (goal: <= +0.3 ms; noisy on a shared machine)")
+        for name in ("run-aware rule", "recommended"):
+            added = summary[name][kind]["p50"] - summary["plain rule"][kind]["p50"]
+            print(f"  {name} adds {added:+.2f} ms p50 to the intercept (goal: <= +0.3 ms; noisy on a shared "
+                  "machine)")
     # The rules alone (rules.decide on the last held call of each org): the difference, without the
     # rest's noise. "on the read's rows": as the fast path decides, the run's fingerprint rows as
     # its one read brought them (turned into the run's taint each time); "own read": as the
@@ -152,8 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
             p99 = found[int(0.99 * (len(found) - 1))]
             print(f"    {name:15} p50 {statistics.median(found):6.3f} ms p99 {p99:6.3f} ms, "
                   f"cpu {cpu[name] / len(found):6.3f} ms")
-        added = summary["run-aware rule"][f"decide_p50 ({way})"] - summary["plain rule"][f"decide_p50 ({way})"]
-        print(f"    run-aware adds {added:+.3f} ms p50 to deciding")
+        for name in ("run-aware rule", "recommended"):
+            added = summary[name][f"decide_p50 ({way})"] - summary["plain rule"][f"decide_p50 ({way})"]
+            print(f"    {name} adds {added:+.3f} ms p50 to deciding")
     return summary
 
 
@@ -168,7 +183,7 @@ def deciding(name: str, own_read: bool):
     session, agent, org = effect.session, effect.session.agent, effect.session.org
     rows = [tuple(row) for row in outputs._rows(session.pk, effect.step_index)]
     # The fast path builds the taint only for an org whose rules read it (not the plain rule's).
-    reads_taint = any(r.reads & {"tainted", "requested"} for r in rules.rules_of(org))
+    reads_taint = any(r.reads & {"tainted", "requested", "read_untrusted"} for r in rules.rules_of(org))
 
     def decide() -> None:
         taint = outputs.RunTaint.of(rows) if reads_taint and not own_read else None

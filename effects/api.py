@@ -6,6 +6,7 @@ are in lifecycle/api.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +22,9 @@ from core.schema import constrain, errors, ok
 from core.validation import StrictSerializer, StringField, validated
 from effects import preimages, shapes
 from effects.models import (
+    ASKED_HELP,
+    MAX_ASKED,
+    MAX_ASKED_CHARS,
     SEMVER,
     CompensationFunction,
     Tier,
@@ -153,6 +157,23 @@ class LabelsField(serializers.ListField):
         super().__init__(child=StringField(max_length=40), max_length=16, required=False, default=list, **kwargs)
 
 
+class AskedField(serializers.ListField):
+    """What a request must say for the tool to be asked for (`asked(tool)` in conditions): at most 32
+    words or short phrases, each with a letter or digit."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=StringField(max_length=MAX_ASKED_CHARS), max_length=MAX_ASKED, required=False,
+                         default=list, help_text=ASKED_HELP, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if not isinstance(data, list):
+            raise serializers.ValidationError(ASKED_HELP)
+        values = super().to_internal_value(data)
+        if any(not re.search(r"[A-Za-z0-9]", v) for v in values):
+            raise serializers.ValidationError(ASKED_HELP)
+        return [" ".join(v.split()) for v in values]
+
+
 class ToolSerializer(StrictSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9_.:/-]{1,200}$")
     labels = LabelsField(help_text='Free strings conditions read as tool.labels, e.g. ["untrusted", "external"]; '
@@ -160,6 +181,7 @@ class ToolSerializer(StrictSerializer):
     untrusted_fields = serializers.ListField(
         child=StringField(max_length=200), max_length=100, required=False, default=list,
         help_text="Keys of the output others wrote, wherever they occur; empty: all of an untrusted tool's output.")
+    asked = AskedField()
     tier = serializers.ChoiceField(choices=Tier.choices)
     description = serializers.CharField(required=False, allow_blank=True, default="", max_length=5000)
     cost_weight = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, default=1,
@@ -222,6 +244,7 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
         "id": str(tool.id), "name": tool.name, "tier": tool.tier, "description": tool.description,
         "cost_weight": float(tool.cost_weight), "irreversible": tool.irreversible,
         "annotations": tool.annotations, "labels": tool.labels, "untrusted_fields": tool.untrusted_fields,
+        "asked": tool.asked,
     }
     if tool.tier == Tier.COMPENSABLE and tool.compensation_fn:
         body["compensation"] = {"fn_name": tool.compensation_fn.fn_name,
@@ -250,6 +273,7 @@ def _tool_fields(spec: dict, fns: dict[tuple[str, str], CompensationFunction]) -
         "annotations": spec.get("annotations") or {},
         "labels": list(dict.fromkeys(spec.get("labels") or [])),
         "untrusted_fields": list(dict.fromkeys(spec.get("untrusted_fields") or [])),
+        "asked": list(dict.fromkeys(spec.get("asked") or [])),
         "compensation_fn": fns.get((compensation.get("fn_name"), compensation.get("fn_version"))),
         "compensation_args": compensation.get("args", {}),
         "max_retries": compensation.get("max_retries", 3),

@@ -61,6 +61,8 @@ session_ended = Signal()
 # A compensating run has open entries to walk, sent after its transaction commits. lifecycle
 # connects the walk's enqueue to it (lifecycle/apps.py): the walk joins apps above effects.
 walk_due = Signal()
+# A reviewer rejected a flagged call (approvals): undo its entry alone (`entry_id`), after commit.
+undo_one_due = Signal()
 # Who fails a run that went silent (lifecycle/abandon.py), in its history and events.
 ABANDON_ACTOR = "idle"
 
@@ -195,6 +197,11 @@ class ToolQuerySet(models.QuerySet):
         return self.filter(org=org)
 
 
+MAX_ASKED, MAX_ASKED_CHARS = 32, 60
+ASKED_HELP = (f"A list of at most {MAX_ASKED} short strings (words or phrases of 1 to {MAX_ASKED_CHARS} characters) "
+              'a request uses for this action, e.g. ["password"] or ["pay", "send money", "transfer"].')
+
+
 class Tool(models.Model):
     """A registered tool name with its tier, cost, MCP hints, and undo or approval metadata."""
 
@@ -213,6 +220,11 @@ class Tool(models.Model):
         default=list, blank=True,
         help_text="Keys of the output others wrote (wherever they occur); empty: the whole output of an "
                   "untrusted tool is untrusted.")
+    # What a request must say for this tool to be asked for (issue 38): `asked(tool)` in conditions.
+    asked = models.JSONField(
+        default=list, blank=True,
+        help_text='Words or short phrases a request uses for this action, e.g. ["password"], ["pay", "transfer"]; '
+                  "empty: no request ever asks for it.")
     # Compensable tools
     compensation_fn = models.ForeignKey(CompensationFunction, null=True, blank=True,
                                         on_delete=models.RESTRICT, related_name="tools")
@@ -258,6 +270,8 @@ class Tool(models.Model):
             raise ValidationError({"labels": 'A list of at most 16 strings of 1 to 40 characters, e.g. ["untrusted"].'})
         if not _strings(self.untrusted_fields, 100, 200):
             raise ValidationError({"untrusted_fields": 'A list of at most 100 keys, e.g. ["subject", "body"].'})
+        if not _strings(self.asked, MAX_ASKED, MAX_ASKED_CHARS):
+            raise ValidationError({"asked": ASKED_HELP})
 
     def save(self, *args, **kwargs) -> None:
         if self.irreversible is None:

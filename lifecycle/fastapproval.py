@@ -215,8 +215,8 @@ def _row(instance: Any) -> Any:
 # What a rule may read of the run on this path: its fingerprints come with the read (`tainted()`,
 # `requested()`), its request with the session row (`run.inputs`). `run.calls`, `window()` and
 # `day` cost queries of their own: the pipeline's.
-_READ_HERE = frozenset({"tainted", "requested", "inputs"})
-_TAINT = frozenset({"tainted", "requested"})
+_READ_HERE = frozenset({"tainted", "requested", "read_untrusted", "asked", "inputs"})
+_TAINT = frozenset({"tainted", "requested", "read_untrusted"})
 
 
 def _concerned(org: Any, agent_id: Any, tool: Tool) -> list[rules.CompiledRule] | None:
@@ -334,6 +334,8 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         if run.by_rules else rules.Verdict()
     if verdict.observed or (verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.DENY):
         raise _StepAside  # observations are events of their own, a denial a refusal row
+    if tool.tier == Tier.COMPENSABLE and verdict.rule is not None and verdict.rule.outcome == rules.Rule.Outcome.FLAG:
+        raise _StepAside  # run now, review after: the pipeline's `_flag` (an effect and a request that waits)
     compensable = tool.tier == Tier.COMPENSABLE
     if compensable and (verdict.rule is None or verdict.rule.outcome == rules.Rule.Outcome.APPROVE):
         # What no rule holds runs at once, its undo entry pushed first (`intercept._pipeline`).

@@ -191,7 +191,8 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
     3. Same signature seen before: replay it, never execute twice.
     4. The session must be running and the agent active; the tool registered, not SAFE.
     5. Budget first: a call over a limit is refused, recorded, and not counted.
-    6. Compensable: effect `executing` and its undo entry, before the answer goes out.
+    6. Compensable: effect `executing` and its undo entry, before the answer goes out; a `flag`
+       rule's call too, with an approval request of its own for review after (`_flag`).
     7. Irreversible: the org's rules decide first (approve, deny, or how many must approve),
        then effect `pending`, its approval request, session `awaiting_approval` (`_ask`);
        unless a reviewer's live grant covers it: decided at once, the session keeps running.
@@ -216,9 +217,12 @@ def _pipeline(agent: Agent, session_id: Any, call: Call) -> Answer:
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
         return Answer(429, refusal)
     held = _compensable_verdict(agent, session, tool, call) if tool.tier == Tier.COMPENSABLE else None
-    effect = _insert_effect(session, tool, call, signature, held=held is not None)
+    flagged = held is not None and held.rule.outcome == rules.Rule.Outcome.FLAG
+    effect = _insert_effect(session, tool, call, signature, held=held is not None and not flagged)
     if tool.tier == Tier.COMPENSABLE:
         entry = _push_undo(session, tool, effect)
+        if flagged:
+            return _flag(agent, session, tool, call, effect, entry, held)
         if held is not None:
             return _ask(agent, session, tool, call, effect, held)
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
@@ -281,6 +285,21 @@ def _ask(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
         session.await_approval(actor=f"agent:{agent.name}")
         notify.approval_requested(approval)
     return awaiting(effect, tool, approval)
+
+
+def _flag(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect, entry: UndoEntry,
+          verdict: rules.Verdict) -> Answer:
+    """A compensable call a `flag` rule matched: it runs at once (effect `executing`, its undo entry
+    pushed, the session running), and a request of its own opens for review after, with `why`;
+    rejected, that call alone is undone (`ApprovalRequest.reject`, lifecycle/flagged.py)."""
+    session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
+    approval = ApprovalRequest.open_for(effect, tool, session, agent_context(session, call, effect),
+                                        rule=verdict.rule.name, observations=verdict.observations(),
+                                        why=verdict.why, flagged=True)
+    notify.approval_requested(approval)
+    answer = executed(effect, entry)
+    answer.body.update(flagged=True, approval={**approval.summary(), "flagged": True, "rule": verdict.rule.name})
+    return answer
 
 
 @dataclass

@@ -17,7 +17,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from core.enqueue import enqueue
-from lifecycle import abandon, rollback, undo
+from lifecycle import abandon, flagged, rollback, undo
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,29 @@ def sweep_undo_walks() -> int:
     due = undo.due_sessions()
     for session_id in due:
         enqueue_walk(session_id)
+    for entry_id in flagged.due_entries():  # rejected flagged calls, undone alone
+        enqueue(undo_flagged_call, str(entry_id))
     if due:
         logger.debug("undo sweep: re-enqueued %d walk(s)", len(due))
     return len(due)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def undo_flagged_call(entry_id: str) -> None:
+    """A rejected flagged call's undo entry, alone (lifecycle/flagged.py); a retry's time is kept in
+    the row, so a countdown past the broker's visibility timeout is left to the sweep."""
+    next_at = flagged.undo_one(entry_id)
+    if next_at is not None:
+        delay = max(0.0, (next_at - timezone.now()).total_seconds())
+        if delay <= MAX_COUNTDOWN_S:
+            if undo_flagged_call.app.conf.task_always_eager:
+                time.sleep(delay)
+            enqueue(undo_flagged_call, entry_id, countdown=delay or None)
+
+
+def on_undo_one_due(sender, entry_id: uuid.UUID | str, **kwargs) -> None:
+    """`effects.models.undo_one_due`, sent after the commit that rejected a flagged call."""
+    enqueue(undo_flagged_call, str(entry_id))
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)

@@ -67,6 +67,9 @@ export interface ToolDeclaration {
   untrustedFields?: readonly string[];
   /** The wire's spelling of `untrustedFields`, taken too. */
   untrusted_fields?: readonly string[];
+  /** What a request says when it asks for this tool (`"password"`; `"pay"`, `"transfer"`): at most 32
+   * words or phrases of 1 to 60 characters, read by the policy's `asked(tool)`. */
+  asked?: readonly string[];
   /** The argument names, when known: templates naming another one throw at definition. */
   parameters?: readonly string[];
   /** @internal A before read's declaration as the server keeps it (set by `undologTool`'s `before`). */
@@ -90,6 +93,7 @@ export class ToolSpec {
   readonly labels: readonly string[];
   readonly untrustedFields: readonly string[];
   readonly preImage: Record<string, unknown> | undefined;
+  readonly asked: readonly string[];
 
   constructor(declaration: ToolDeclaration) {
     this.name = declaration.name;
@@ -104,6 +108,7 @@ export class ToolSpec {
     this.labels = copied(declaration.labels);
     this.untrustedFields = copied(declaration.untrustedFields ?? declaration.untrusted_fields);
     this.preImage = declaration.preImageDeclaration;
+    this.asked = copied(declaration.asked);
     check(this, declaration.parameters);
     Object.freeze(this);
   }
@@ -124,6 +129,7 @@ export class ToolSpec {
     if (this.labels.length) body["labels"] = [...this.labels];
     if (this.untrustedFields.length) body["untrusted_fields"] = [...this.untrustedFields];
     if (this.preImage) body["pre_image"] = { ...this.preImage };
+    if (this.asked.length) body["asked"] = [...this.asked];
     return body;
   }
 }
@@ -178,6 +184,10 @@ function check(spec: ToolSpec, parameters: readonly string[] | undefined): void 
   if (!Array.isArray(spec.labels) || spec.labels.length > 16
     || spec.labels.some((label) => typeof label !== "string" || label.length < 1 || label.length > 40)) {
     fail("labels are at most 16 strings of 1 to 40 characters");
+  }
+  if (!Array.isArray(spec.asked) || spec.asked.length > 32
+    || spec.asked.some((word) => typeof word !== "string" || !word.trim() || word.length > 60)) {
+    fail("asked is at most 32 words or phrases of 1 to 60 characters");
   }
   if (!Array.isArray(spec.untrustedFields) || spec.untrustedFields.some((key) => typeof key !== "string" || !key)) {
     fail("untrustedFields are the non-empty keys of the output that others wrote");

@@ -74,6 +74,14 @@ describe("run-aware policy", () => {
     assert.throws(() => new ToolSpec({ name: "r", tier: "safe", labels: Array(17).fill("l") }), /at most 16/);
   });
 
+  it("it writes what a request says to ask for a tool, and refuses what is not short strings", () => {
+    const spec = new ToolSpec({ name: "pay", tier: "irreversible", approval: { reason: "money" }, asked: ["pay"] });
+    assert.deepEqual(spec.toDict()["asked"], ["pay"]);
+    assert.equal(new ToolSpec({ name: "r", tier: "safe" }).toDict()["asked"], undefined);
+    assert.throws(() => new ToolSpec({ name: "r", tier: "safe", asked: ["x".repeat(61)] }), /asked/);
+    assert.throws(() => new ToolSpec({ name: "r", tier: "safe", asked: "pay" as never }), /asked/);
+  });
+
   it("it holds undologTool's send to an address an untrusted read carried, and says why", async () => {
     const { name, client, rule } = await guarded();
     const { readInbox, sendMail, ran } = await mailTools(client);

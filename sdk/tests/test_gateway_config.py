@@ -267,3 +267,13 @@ def test_a_preset_and_a_per_tool_pre_image_make_tools_undone_by_pre_image():
 def test_a_bad_preset_or_pre_image_is_a_clear_config_error(server, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"servers": {"s": server}})
+
+
+def test_a_tool_table_declares_what_a_request_says_to_ask_for_it():
+    config = parse_config(with_tool(asked=["issue", "file a bug"]))
+    spec, _ = tier_tool(config.servers[0], Tool("create_issue", readOnlyHint=True), "create_issue")
+
+    assert spec.asked == ("issue", "file a bug")
+    assert spec.to_dict()["asked"] == ["issue", "file a bug"]
+    with pytest.raises(ConfigError, match="asked must be a list of strings"):
+        parse_config(with_tool(asked="issue"))

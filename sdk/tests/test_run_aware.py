@@ -30,7 +30,8 @@ async def read_page(url: str) -> str:
     return f"page {url}"
 
 
-@undolog_tool(tier=ToolTier.IRREVERSIBLE, reason="Mail leaves", labels=["external"])
+@undolog_tool(tier=ToolTier.IRREVERSIBLE, reason="Mail leaves", labels=["external"],
+              asked=["send", "mail"])
 def send_mail(to: str) -> str:
     return "sent"
 
@@ -47,6 +48,13 @@ def test_labels_and_untrusted_fields_are_registered(server: FakeServer,
     assert tools["read_inbox"]["labels"] == ["untrusted", "private"]
     assert tools["read_inbox"]["untrusted_fields"] == ["body"]
     assert "labels" not in tools["list_contacts"]
+    assert tools["send_mail"]["asked"] == ["send", "mail"] and "asked" not in tools["read_inbox"]
+
+
+def test_an_asked_declaration_that_is_not_short_strings_fails_at_declaration_time() -> None:
+    for bad in (["x" * 61], [""], [3]):
+        with pytest.raises(ValueError, match="asked"):
+            undolog_tool(lambda: None, tier=ToolTier.IRREVERSIBLE, reason="r", name="t", asked=bad)
 
 
 def test_a_safe_untrusted_read_reports_its_output_and_a_trusted_one_does_not(

@@ -66,6 +66,8 @@
     group.textContent = item.reviewer_group ? "needs " + item.reviewer_group : "";
     var why = row.querySelector(".why");
     var text = whyText(item.why || []);
+    // A flagged call ran already: the reviewer decides whether it stays (reject undoes it).
+    if (item.flagged) text = "flagged: ran at once, reject undoes it" + (text ? " · " + text : "");
     why.hidden = !text;
     why.textContent = text;
   }
@@ -81,7 +83,7 @@
       if (!found && unrequested) {
         found = "not what the user asked for: " + (w.requested_reason || "not named in the request");
       }
-      return "rule " + w.rule + ": " + (found || w.message || "matched");
+      return "rule " + w.rule + ": " + (found || w.because || w.message || "matched");
     }).join(" · ");
   }
 

@@ -389,7 +389,8 @@ def test_why_says_a_value_was_not_named_in_the_users_request(web):
     assert {"type": "section", "text": {"type": "mrkdwn", "text": "*Why it waits*\nrule tainted-write: recipient came "
             "from read_channel at step 1 and was not named in the user's request"}} in posted["blocks"]
     held = ApprovalRequest.objects.get(effect_id=nothing_said.json()["effect"]["id"]).why[0]
-    assert held["requested"] is False and held["tainted"][0]["arg"] == "user_email"
+    # "Fred" is a name the injected prose wrote (issue 38's prose taint), the address a token of it.
+    assert held["requested"] is False and {h["arg"] for h in held["tainted"]} == {"user", "user_email"}
     assert held["requested_reason"] == "no argument is something the user asked for"  # "Fred" is not the user's
 
 

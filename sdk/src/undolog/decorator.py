@@ -135,6 +135,7 @@ def undolog_tool(
     after: Callable[..., Any] | None = None,
     max_bytes: int | None = None,
     over_bound: str = "hold",
+    asked: Iterable[str] = (),
 ) -> Any:
     """Declare a tool's tier. Works on sync and async functions, as ``@undolog_tool(...)``
     or ``undolog_tool(fn, tier=...)``.
@@ -183,6 +184,7 @@ def undolog_tool(
             executor=executor,
             labels=tuple(labels),
             untrusted_fields=tuple(untrusted_fields),
+            asked=tuple(asked),
         )
         tool = DeclaredTool(spec, func, idempotency_key)
         tool.pre_image = pre

@@ -153,6 +153,9 @@ class ToolSpec:
     untrusted_fields: tuple[str, ...] = ()
     # A before read and a restore (issue 42, preimages.py): the declaration the server keeps.
     pre_image: Mapping[str, Any] | None = None
+    # What a request must say for this tool to be asked for ("password"; "pay", "transfer"): the
+    # policy's `asked(tool)`.
+    asked: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_tier_fields(self)
@@ -161,6 +164,11 @@ class ToolSpec:
         # Frozen: lists given by the caller are kept as tuples.
         object.__setattr__(self, "labels", tuple(self.labels))
         object.__setattr__(self, "untrusted_fields", tuple(self.untrusted_fields))
+        object.__setattr__(self, "asked", tuple(self.asked))
+        if len(self.asked) > 32 or any(not isinstance(x, str) or not x.strip() or len(x) > 60
+                                       for x in self.asked):
+            raise ValueError(f"{self.name}: asked is at most 32 words or phrases "
+                             "of 1 to 60 characters")
         if len(self.labels) > 16 or any(not isinstance(x, str) or not 0 < len(x) <= 40
                                         for x in self.labels):
             raise ValueError(f"{self.name}: labels are at most 16 strings of 1 to 40 characters")
@@ -196,6 +204,8 @@ class ToolSpec:
             body["untrusted_fields"] = list(self.untrusted_fields)
         if self.pre_image is not None:
             body["pre_image"] = dict(self.pre_image)
+        if self.asked:
+            body["asked"] = list(self.asked)
         return body
 
 

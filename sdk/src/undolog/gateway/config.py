@@ -84,7 +84,7 @@ SERVER_KEYS = {
     "preset",
 }
 TOOL_KEYS = {"tier", "cost_weight", "approval", "compensation", "description", "labels",
-             "untrusted_fields", "pre_image"}
+             "untrusted_fields", "pre_image", "asked"}
 UNDOLOG_KEYS = {
     "url",
     "api_key",
@@ -144,6 +144,7 @@ class ToolOverride:
     labels: tuple[str, ...] | None = None  # tool.labels; given, it replaces the suggested ones
     untrusted_fields: tuple[str, ...] = ()
     pre_image: Mapping[str, Any] | None = None  # a before read and restore (gateway/preimages.py)
+    asked: tuple[str, ...] = ()  # what a request says to ask for it: `asked(tool)` in the policy
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,7 @@ def _override(where: str, body: Mapping[str, Any]) -> ToolOverride:
         labels=_strings(where, body, "labels"),
         untrusted_fields=_strings(where, body, "untrusted_fields") or (),
         pre_image=dict(pre_image) if pre_image is not None else None,
+        asked=_strings(where, body, "asked") or (),
     )
 
 

@@ -921,6 +921,7 @@ def tier_tool(server: ServerConfig, tool: Any, exposed: str) -> tuple[ToolSpec, 
             description=override.description or spec.description,
             labels=override.labels if override.labels is not None else spec.labels,
             untrusted_fields=override.untrusted_fields or spec.untrusted_fields,
+            asked=override.asked or spec.asked,
         )
         if override.tier:
             why = f"tier set in the gateway's config ({tier.value})"
