@@ -104,7 +104,7 @@ describe("run-aware policy", () => {
       }
       return undefined;
     });
-    assert.deepEqual(await decided, expectedWhy(rule, 0, "read_inbox"));
+    assert.deepEqual(await decided, expectedWhy(rule, 1, "read_inbox"));
     assert.ok(refused instanceof ApprovalRejected);
     assert.deepEqual(ran, ["ana@example.com"]);
   });
@@ -123,7 +123,7 @@ describe("run-aware policy", () => {
     });
     assert.ok(waited instanceof ApprovalWaitTimeout, String(waited)); // held: nobody decided in 2 s
     const [request] = await reviewer.pending(name);
-    assert.deepEqual(await whyOf(request!), expectedWhy(rule, 0, "read_inbox"));
+    assert.deepEqual(await whyOf(request!), expectedWhy(rule, 1, "read_inbox"));
   });
 
   it("it lets the same send through when the user's inputs named the address", async () => {
@@ -158,7 +158,7 @@ describe("run-aware policy", () => {
       return why;
     });
     await client.session({}, async () => await generateText({ model, tools, stopWhen: stepCountIs(5), prompt: "Answer the mail" }));
-    assert.deepEqual(await decided, expectedWhy(rule, 0, "read_inbox"));
+    assert.deepEqual(await decided, expectedWhy(rule, 1, "read_inbox"));
     assert.deepEqual(ran, []);
     assert.deepEqual(toolResults(prompts.at(-1)).at(-1), ["send_mail", "DENIED: not the owner's address"]);
   });
@@ -182,7 +182,7 @@ describe("run-aware policy", () => {
     });
     await client.session({}, async () =>
       await run(new Agent({ name: "mail", instructions: "Answer the mail", model, tools: [readInbox, sendMail] }), "go"));
-    assert.deepEqual(await decided, expectedWhy(rule, 0, "read_inbox"));
+    assert.deepEqual(await decided, expectedWhy(rule, 1, "read_inbox"));
     assert.deepEqual(ran, []);
     assert.equal(model.read().at(-1), "DENIED: not the owner's address");
   });
