@@ -108,15 +108,16 @@
   /* A refused rewind, in words a reviewer can act on. */
   function refusal(error) {
     var body = error.body || {};
-    if (body.code === "irreversible_in_the_way") {
+    var code = body.error;
+    if (code === "irreversible_in_the_way") {
       return "Not rolled back: irreversible calls after step " + body.to_step + " cannot be undone (" +
         (body.irreversible || []).map(function (i) { return i.tool + " at step " + i.step_index; }).join(", ") +
         "). Tick \u201cleave them done\u201d to roll back anyway.";
     }
-    if (body.code === "rewind_in_progress") {
+    if (code === "rewind_in_progress") {
       return "Not rolled back: the run is being rolled back to step " + body.to_step + " already; try again once it runs.";
     }
-    return "Not rolled back: " + error.message;
+    return "Not rolled back: " + error.message;  // walk_stopped names the failed compensation
   }
 
   function rewindTo(button) {
