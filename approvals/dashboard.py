@@ -550,7 +550,21 @@ def session_context(session: Session) -> dict[str, Any]:
         "is_open": session.state in Session.OPEN or session.state == Session.State.COMPENSATING,
         "can_fail": session.state in (Session.OPEN | {Session.State.HALTED}),
         "can_undo": session.state == Session.State.COMPLETED,
+        # "Roll back to here" on a step (reviewers and admins: the template checks can_decide).
+        # The states lifecycle.rewind accepts (approvals may not import lifecycle).
+        "can_rewind": session.state in Session.OPEN,
+        "rewinding": rewinding(session, entries),
+        "rewinds": list(session.rewind_log.order_by("-epoch")),
     }
+
+
+def rewinding(session: Session, entries: list[UndoEntry]) -> dict[str, Any] | None:
+    """The rewind under way (its step, the undo entries it has left), as the API's
+    `GET …/rewind` says it, from the undo stack already read: no query."""
+    if session.rewind_to is None:
+        return None
+    left = sum(1 for e in entries if e.step_index > session.rewind_to and e.state in UndoEntry.OPEN)
+    return {"to_step": session.rewind_to, "entries_left": left}
 
 
 def _json(value: Any) -> str:

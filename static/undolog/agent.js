@@ -72,21 +72,21 @@
   function watch() {
     if (watching) return;
     watching = true;
-    (function tick() {
-      UL.api("GET", path).then(function (answer) {
-        var left = answer.in_progress;
-        var line = document.getElementById("rollback-progress");
-        if (line) {
-          line.hidden = left.entries_left === 0;
-          line.dataset.entriesLeft = left.entries_left;
-          document.getElementById("rollback-entries").textContent = left.entries_left;
-          document.getElementById("rollback-runs").textContent = left.runs;
-        }
-        if (left.entries_left > 0) { setTimeout(tick, 1000); return; }
-        watching = false;
-        refresh();
-      }, function () { watching = false; });
-    })();
+    UL.follow(path, function (answer) {
+      if (!answer) { watching = false; return false; }
+      var left = answer.in_progress;
+      var line = document.getElementById("rollback-progress");
+      if (line) {
+        line.hidden = left.entries_left === 0;
+        line.dataset.entriesLeft = left.entries_left;
+        document.getElementById("rollback-entries").textContent = left.entries_left;
+        document.getElementById("rollback-runs").textContent = left.runs;
+      }
+      if (left.entries_left > 0) return true;
+      watching = false;
+      refresh();
+      return false;
+    });
   }
 
   // A rollback already under way when the page loads (or started elsewhere): follow it.

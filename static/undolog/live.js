@@ -238,6 +238,16 @@
     });
   };
 
+  /* Follow a walk under way (a fleet rollback, a rewind): GET `path` every second and hand each
+   * answer to `step`, while it returns true; `step(null)` when a read fails (then it stops). */
+  UL.follow = function (path, step) {
+    (function tick() {
+      UL.api("GET", path).then(function (answer) {
+        if (step(answer)) setTimeout(tick, 1000);
+      }, function () { step(null); });
+    })();
+  };
+
   var flashTimer = null;
   UL.flash = function (text, kind) {
     var el = document.getElementById("flash");
