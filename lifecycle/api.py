@@ -365,14 +365,18 @@ class RollbackPreviewSerializer(StrictSerializer):
     since = serializers.DateTimeField(required=False, help_text=SINCE_HELP, validators=[_not_in_future])
 
 
-class AgentRollbackView(OrgScopedAPIView):
-    """Fleet rollback of one agent (lifecycle/rollback.py): admins start it, members watch it."""
+class AgentFleetView(OrgScopedAPIView):
+    """An agent of the caller's org found by name: the fleet rollback's views (admins act, members read)."""
 
     queryset = Agent.objects.select_related("org")
     lookup_field = "name"
     lookup_is_uuid = False
     permission_classes = [ReadViewerWriteAdmin]
     not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
+
+
+class AgentRollbackView(AgentFleetView):
+    """Fleet rollback of one agent (lifecycle/rollback.py): admins start it, members watch it."""
 
     @extend_schema(summary="What a rollback would take, and what is being walked back", tags=["agents"],
                    parameters=[OpenApiParameter("since", str, description="ISO 8601; with it, the runs and "
@@ -399,14 +403,9 @@ class AgentRollbackView(OrgScopedAPIView):
         return Response({**scope.as_dict(), "since": data["since"].isoformat()})
 
 
-class AgentRollbacksView(OrgScopedAPIView):
+class AgentRollbacksView(AgentFleetView):
     """An agent's fleet rollbacks, newest first, with what each has left (the agent page's list)."""
 
-    queryset = Agent.objects.select_related("org")
-    lookup_field = "name"
-    lookup_is_uuid = False
-    permission_classes = [ReadViewerWriteAdmin]
-    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
     LISTED = 20
 
     @extend_schema(operation_id="v1_agents_rollbacks_list", summary="The agent's fleet rollbacks (newest 20)",
@@ -422,14 +421,9 @@ class RollbackRunsSerializer(StrictSerializer):
     after = serializers.UUIDField(required=False, help_text="The `next` of the previous page.")
 
 
-class AgentRollbackDetailView(OrgScopedAPIView):
+class AgentRollbackDetailView(AgentFleetView):
     """One fleet rollback and every run it took (the event carries a sample only)."""
 
-    queryset = Agent.objects.select_related("org")
-    lookup_field = "name"
-    lookup_is_uuid = False
-    permission_classes = [ReadViewerWriteAdmin]
-    not_found = ("agent_not_found", "No agent named {value!r} in this organization.")
     PAGE = 1000
 
     @extend_schema(summary="One fleet rollback with its runs (1,000 a page, by id)", tags=["agents"],

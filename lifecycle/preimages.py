@@ -70,14 +70,20 @@ class AfterImageSerializer(StrictSerializer):
     digest = serializers.RegexField(DIGEST, help_text="sha256:<hex> of the target's state after the call.")
 
 
-class EffectPreImageView(OrgScopedAPIView):
+class RunEffectView(OrgScopedAPIView):
+    """An effect of one of the calling agent's runs (another agent's, or another org's, is a 404)."""
+
     permission_classes = [IsAgent]
-    # One read: the effect, its tool's declaration, its undo entry and any pre-image kept already.
-    queryset = Effect.objects.select_related("tool", "undo_entry", "undo_entry__pre_image")
+    queryset = Effect.objects.all()
     not_found = ("effect_not_found", "No such effect.")
 
     def scope(self, queryset, caller):
         return queryset.filter(org=caller.org, session__agent=caller.agent)
+
+
+class EffectPreImageView(RunEffectView):
+    # One read: the effect, its tool's declaration, its undo entry and any pre-image kept already.
+    queryset = Effect.objects.select_related("tool", "undo_entry", "undo_entry__pre_image")
 
     @extend_schema(summary="Keep a call's pre-image before running it", tags=["effects"],
                    request=PreImageSerializer, responses=errors(404, 409))
@@ -88,13 +94,7 @@ class EffectPreImageView(OrgScopedAPIView):
         return Response(body, status=status)
 
 
-class EffectAfterImageView(OrgScopedAPIView):
-    permission_classes = [IsAgent]
-    queryset = Effect.objects.all()
-    not_found = ("effect_not_found", "No such effect.")
-
-    def scope(self, queryset, caller):
-        return queryset.filter(org=caller.org, session__agent=caller.agent)
+class EffectAfterImageView(RunEffectView):
 
     @extend_schema(summary="Record what a call left (its after-image's digest)", tags=["effects"],
                    request=AfterImageSerializer, responses=errors(404, 409))
