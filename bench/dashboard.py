@@ -139,7 +139,7 @@ def _policy(org, agents, user, *, events: int) -> None:
 def _failed_walks(org, agent, send, failures: int) -> None:
     """`failures` compensations waiting for a person, each with three failed attempts."""
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
-    from lifecycle import intercept as pipeline
+    from lifecycle.intercept import pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, failures + 1):
@@ -160,7 +160,7 @@ def _rich_session(org, agent, send, delete):
     from approvals.models import ApprovalRequest
     from budgets.models import Refusal
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
-    from lifecycle import intercept as pipeline
+    from lifecycle.intercept import pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, STEPS_IN_SESSION, 2):

@@ -24,11 +24,11 @@ from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
 from effects import longpoll, outputs, shapes
 from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
-from lifecycle import claims, fastpath, rollback
-from lifecycle import intercept as pipeline
+from lifecycle import claims, rollback
 from lifecycle import rewind as rewinds
 from lifecycle import shapes as run_shapes
 from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
+from lifecycle.intercept import one_statement, pipeline
 from orgs.auth import (
     IsAdmin,
     IsAgent,
@@ -225,7 +225,7 @@ class SessionViewSet(OrgScopedViewSet):
             # The org's config as the key's load read it, no query: a tool registered since this
             # process cached the config is not in it, and its calls would come here until the
             # next fast call of another tool noticed the version. Reloaded on the next call.
-            fastpath.OrgConfig.forget(agent.org_id, agent.org.config_version)
+            one_statement.OrgConfig.forget(agent.org_id, agent.org.config_version)
         return Response(answer.body, status=answer.status)
 
     def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:

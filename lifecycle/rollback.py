@@ -45,7 +45,8 @@ from effects.models import (
     UndoEntry,
     announce,
 )
-from lifecycle import fastpath, undo
+from lifecycle import undo
+from lifecycle.intercept import one_statement
 from orgs.models import Agent, Event
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ def enqueue_walks(session_ids: list[uuid.UUID]) -> None:
     `compensating`, and the undo sweep finds each one that sits still."""
     from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
 
-    if not fastpath.available():
+    if not one_statement.available():
         for session_id in session_ids:  # SQLite: each run's own walk (one writer at a time anyway)
             tasks.enqueue_walk(session_id)
         return

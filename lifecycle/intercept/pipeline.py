@@ -307,7 +307,7 @@ class Decision:
     """How an irreversible call that passed the budget and no deny rule is decided: by a grant
     (one reviewer's standing approval), by an approve rule, or by people (`approvals_required`
     of them, from `group` if a require rule names one). The pipeline and the fast approval path
-    (lifecycle/fastapproval.py) both decide with `decide`, so they never disagree."""
+    (lifecycle/intercept/two_statements.py) both decide with `decide`, so they never disagree."""
 
     rule: rules.CompiledRule | None
     approvals_required: int

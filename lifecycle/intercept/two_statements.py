@@ -2,12 +2,12 @@
 statements on PostgreSQL (issue 26); and so a compensable call the rules decide (an org whose
 rules may hold compensable calls: run at once with its undo entry, or held like an irreversible
 one) or that reports an output to fingerprint (issue 25), which the one-statement compensable
-path (`lifecycle.fastpath`) cannot take.
+path (`lifecycle.intercept.one_statement`) cannot take.
 
-The pipeline (`lifecycle.intercept`) answers such a call with ~15-26 statements, each compiled by
+The pipeline (`lifecycle.intercept.pipeline`) answers such a call with ~15-26 statements, each compiled by
 the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the request. Here:
 
-1. Before any query, from this process's caches (`fastpath.OrgConfig`, the rules' cache, both
+1. Before any query, from this process's caches (`one_statement.OrgConfig`, the rules' cache, both
    stamped with the org's `config_version`): the tool is irreversible, or compensable with its
    compensation, without an executor, no daily limit or incident switch applies, and no rule that
    concerns the call reads more than its args, tool, agent, run counters, clock, `run.inputs` and
@@ -23,7 +23,7 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
 3. The pipeline's own decision, in memory: the reported SAFE calls charged and their outputs
    fingerprinted (`effects.outputs.prints_of_output`, the raw output never leaves the request),
    `budgets.guard.admit` (budgets before rules), `approvals.rules.decide` on the run's taint as
-   read plus these outputs, `lifecycle.intercept.decide` (quorum, reviewer groups, grants), the
+   read plus these outputs, `lifecycle.intercept.pipeline.decide` (quorum, reviewer groups, grants), the
    request's fields (`ApprovalRequest.values_for`, with `why`) and the answer
    (`intercept.granted`/`awaiting`).
 4. One write: the session's counters (and `awaiting_approval`, held), the reported SAFE calls and
@@ -71,8 +71,7 @@ from core import prepared
 from core.fanout import after_answer
 from effects import outputs
 from effects.models import Effect, Session, Tier, Tool, UndoEntry, announce
-from lifecycle import fastpath
-from lifecycle import intercept as pipeline
+from lifecycle.intercept import one_statement, pipeline
 from orgs.models import Agent, AgentKey, Event, Organization, Recorded, RememberedKey, events_recorded
 
 
@@ -106,7 +105,7 @@ def _select(alias: str, columns: list[str]) -> str:
 
 _READ = f"""
 SELECT {_select('s', _SESSION[1])}, {_select('a', _AGENT[1])}, {_select('o', _ORG[1])},
-    {fastpath._live('k')} AS live,
+    {one_statement._live('k')} AS live,
     EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s) AS seen,
     (SELECT jsonb_build_array(g.id, g.created_by_label, g.reason) FROM approvals_grant g
      WHERE g.agent_id = s.agent_id AND g.tool_name = %(tool)s AND g.revoked_at IS NULL
@@ -171,19 +170,19 @@ WITH s AS (
       AND (SELECT config_version FROM orgs_organization WHERE id = org_id) = %(version)s
     RETURNING id"""
 _WRITE_EFFECT = f"""
-), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}"""
+), e AS ({one_statement._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}"""
 # A compensable call's undo entry, pushed with its effect (held or not), as the pipeline pushes it.
 _WRITE_ENTRY = f"""
-), u AS ({fastpath._insert(UndoEntry, "entry", "e")}"""
+), u AS ({one_statement._insert(UndoEntry, "entry", "e")}"""
 _WRITE_REQUEST = f"""
-), q AS ({fastpath._insert(ApprovalRequest, "approval", "e")}
+), q AS ({one_statement._insert(ApprovalRequest, "approval", "e")}
 ), et AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
     SELECT e.id, 'pending', 'approved', %(label)s, %(reason)s, %(now)s FROM e WHERE %(approved)s
 ), st AS (
     INSERT INTO effects_sessiontransition (session_id, from_state, to_state, actor, reason, created)
     SELECT s.id, 'running', 'awaiting_approval', %(actor)s, '', %(now)s FROM s WHERE NOT %(approved)s
-), v AS ({fastpath._insert(Event, "event", "q")}"""
+), v AS ({one_statement._insert(Event, "event", "q")}"""
 # The reported outputs' fingerprints (`effects.outputs.Prints`), written with the run's other rows.
 _WRITE_PRINTS = """
 ), fp AS (
@@ -200,12 +199,12 @@ def _write(*, safe: bool, prints: bool, entry: bool, request: bool) -> str:
     insert), the effect, its undo entry (compensable), its request with its history rows and event
     (unless a compensable call executes at once), the outputs' fingerprints. It answers how many
     events (or, with no request, effects) it wrote: 0 after a lost race."""
-    parts = [_WRITE_SESSION + (fastpath._SAFE_CALLS if safe else ""), _WRITE_EFFECT,
+    parts = [_WRITE_SESSION + (one_statement._SAFE_CALLS if safe else ""), _WRITE_EFFECT,
              _WRITE_ENTRY if entry else "", _WRITE_REQUEST if request else "", _WRITE_PRINTS if prints else ""]
     return "".join(parts) + f"\n)\nSELECT (SELECT count(*) FROM {'v' if request else 'e'})\n"
 
 
-_SHAPES = {model: fastpath._Shape(model) for model in (Effect, UndoEntry, ApprovalRequest, Event)}
+_SHAPES = {model: one_statement._Shape(model) for model in (Effect, UndoEntry, ApprovalRequest, Event)}
 
 
 def _row(instance: Any) -> Any:
@@ -254,7 +253,7 @@ class _Run:
         return seen, _json(extra.pop(0)) if self.prints else None
 
 
-def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
+def intercept(key: RememberedKey, config: one_statement.OrgConfig, tool: Tool, call: pipeline.Call,
               session_id: uuid.UUID) -> HttpResponse | None:
     """The answer to an irreversible intercept, or to a compensable one the compensable fast path
     leaves (the org's rules decide compensable calls, or an output is reported), or None for the
@@ -293,7 +292,7 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
                                signature)
     except _ConfigMoved:
         # Reloaded now, so that the next call is fast again at once.
-        fresh = fastpath.OrgConfig.of(key.org_id)
+        fresh = one_statement.OrgConfig.of(key.org_id)
         if fresh is not None:
             fresh.limits_for(key.org_id, key.agent_id)
         return None
@@ -301,13 +300,13 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
         return None  # nothing written; a duplicate that won the race on the signature replays there
 
 
-def _by_rules(config: fastpath.OrgConfig, tool: Tool) -> bool:
+def _by_rules(config: one_statement.OrgConfig, tool: Tool) -> bool:
     """Whether the rules decide this call: every irreversible one; a compensable one only in an
     org whose rules may hold or refuse compensable calls (`rules.sees_compensable`)."""
     return tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable
 
 
-def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
+def _decide(db: Any, read: str, key: RememberedKey, config: one_statement.OrgConfig, limits: Limits, tool: Tool,
             call: pipeline.Call, run: _Run, session_id: uuid.UUID, signature: str) -> HttpResponse:
     row = prepared.row(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
                                   "session": session_id, "agent": key.agent_id, "safe_steps": list(run.reported)})
@@ -315,7 +314,7 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         raise _StepAside  # not this agent's session: the pipeline's 404
     session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as), extra = _loaded(row)
     if org.config_version != config.version:
-        fastpath.OrgConfig.forget(key.org_id, org.config_version)
+        one_statement.OrgConfig.forget(key.org_id, org.config_version)
         raise _ConfigMoved
     if not live or seen or session.state != Session.State.RUNNING or agent.state != Agent.State.ACTIVE:
         raise _StepAside  # a 401, a replay, a 409 or 423
@@ -385,7 +384,7 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     _after_commit(session, effect, event, approval, hooks, slack=slack and decision.held, held=decision.held)
     answer = pipeline.granted(effect, approval) if decision.grant is not None else \
         pipeline.awaiting(effect, tool, approval)
-    response = fastpath._respond(answer.status, answer.body)
+    response = one_statement._respond(answer.status, answer.body)
     response.undolog_outcome = (tool.tier, answer.body["decision"])  # core/observe.py's metrics
     return response
 
@@ -397,31 +396,31 @@ def _entry(tool: Tool, effect: Effect, now: Any) -> UndoEntry:
 
 
 def _write_run(db: Any, session: Session, run: _Run, prints: list[outputs.Prints], seen_as: str,
-               config: fastpath.OrgConfig, now: Any, *, effect: Effect, entry: UndoEntry | None,
+               config: one_statement.OrgConfig, now: Any, *, effect: Effect, entry: UndoEntry | None,
                request: dict[str, Any] | None) -> None:
     """The one write (`_write`), or `_Raced` when it wrote nothing."""
     sql = _write(safe=bool(run.reported), prints=bool(prints), entry=entry is not None, request=request is not None)
     params = {
         "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
-        "tool_counts": fastpath._jsonb(session.tool_counts),
-        "violation": None if session.violation is None else fastpath._jsonb(session.violation),
+        "tool_counts": one_statement._jsonb(session.tool_counts),
+        "violation": None if session.violation is None else one_statement._jsonb(session.violation),
         "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
         "seen_as": seen_as, "version": config.version, "effect": _row(effect), **(request or {})}
     # Only what the statement's parts read (an irreversible call reporting nothing: none of these).
     if entry is not None:
         params["entry"] = _row(entry)
     if run.reported:
-        params["safe"] = fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
+        params["safe"] = one_statement._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
                                           for c in run.reported.values()])
     if prints:
-        params["prints"] = fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints])
+        params["prints"] = one_statement._jsonb([asdict(p) | {"size": p.size} for p in prints])
     written = prepared.row(db, sql, params)
     if not written or written[0] != 1:
         raise _Raced
 
 
 def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _Run, prints: list[outputs.Prints],
-             signature: str, seen_as: str, config: fastpath.OrgConfig) -> HttpResponse:
+             signature: str, seen_as: str, config: one_statement.OrgConfig) -> HttpResponse:
     """A compensable call no rule holds: its effect `executing` and its undo entry, the 201 execute."""
     now = timezone.now()
     effect = pipeline.new_effect(session.org_id, session.id, tool, call, signature)
@@ -431,12 +430,12 @@ def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _R
     announce(effect, "effect", None, Effect.State.EXECUTING, name=effect.tool_name, session_id=session.pk,
              org_id=session.org_id, step_index=effect.step_index)
     answer = pipeline.executed(effect, entry)
-    response = fastpath._respond(answer.status, answer.body)
+    response = one_statement._respond(answer.status, answer.body)
     response.undolog_outcome = (tool.tier, "execute")
     return response
 
 
-def _fingerprints(config: fastpath.OrgConfig, session: Session, call: pipeline.Call, run: _Run,
+def _fingerprints(config: one_statement.OrgConfig, session: Session, call: pipeline.Call, run: _Run,
                   known: Any) -> tuple[list[outputs.Prints], outputs.RunTaint | None]:
     """The reported outputs' fingerprints to write, within the run's bound (`outputs.Bound`, on
     what the read gave: the run's rows, or how many it keeps and whether it is full), and the run's
@@ -476,7 +475,7 @@ def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple, list]:
     for model, (names, _) in ((Session, _SESSION), (Agent, _AGENT), (Organization, _ORG)):
         values = row[at:at + len(names)]
         at += len(names)
-        instances.append(fastpath.instance(model, values))
+        instances.append(one_statement.instance(model, values))
     session, agent, org = instances
     live, seen, grant, effects, safe, hooks, slack, seen_as, *extra = row[at:]
     agent.org = session.org = org  # the pipeline's `_lock_session`: no query to reach them

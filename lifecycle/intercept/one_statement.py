@@ -11,12 +11,12 @@ active agent, from a key this process has verified before) needs no read before 
    version unchanged, every run cap respected, no effect with this signature yet) feeds the
    effect's INSERT, which feeds the undo entry's INSERT. The same statement reads back the
    effect already holding this signature (a replay) and the org's current config version.
-3. Anything else returns None and the caller runs the full pipeline (`lifecycle.intercept`),
+3. Anything else returns None and the caller runs the full pipeline (`lifecycle.intercept.pipeline`),
    which owns every rule: a first use of a key, a SAFE step reported again, a daily limit, a cap
    in the way, a session not running, an irreversible call or its replay, a lost race on the
    signature.
    An irreversible call, a compensable one of an org whose rules may hold compensable calls, and
-   one that reports an output to fingerprint go to `lifecycle.fastapproval` (a read, then the
+   one that reports an output to fingerprint go to `lifecycle.intercept.two_statements` (a read, then the
    write) before that.
    The fast path only ever gives the answer the pipeline would have given.
 
@@ -53,7 +53,7 @@ from core.errors import DomainError
 from core.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce
-from lifecycle import intercept as pipeline
+from lifecycle.intercept import pipeline
 from orgs.models import AgentKey, Organization, RememberedKey
 
 _CONFIGS: dict[uuid.UUID, OrgConfig] = {}
@@ -406,10 +406,10 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     if tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable or \
             any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):
         # The org's rules decide (compensable calls too, in an org whose rules may hold them), or
-        # an output must be fingerprinted: a read, then the write (lifecycle/fastapproval.py).
-        from lifecycle import fastapproval  # built on this module's statements
+        # an output must be fingerprinted: a read, then the write (lifecycle/intercept/two_statements.py).
+        from lifecycle.intercept import two_statements  # built on this module's statements
 
-        return fastapproval.intercept(key, config, tool, call, session)
+        return two_statements.intercept(key, config, tool, call, session)
     if tool.compensation_fn is None:
         return None
     limits = config.limits_for(key.org_id, key.agent_id)
