@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Call(Protocol):
-    """What the guard reads of the intercept's call (`lifecycle.intercept.pipeline.Call`, a layer above)."""
+    """What the guard reads of the intercept's call (`lifecycle.intercept.call.Call`, a layer above)."""
 
     step_index: int
     args: dict

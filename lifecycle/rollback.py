@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from approvals import notify
 from approvals.models import ApprovalRequest
-from core import metrics
+from core import metrics, prepared
 from effects import handlers
 from effects.models import (
     CompensationFunction,
@@ -46,7 +46,6 @@ from effects.models import (
     announce,
 )
 from lifecycle import undo
-from lifecycle.intercept import one_statement
 from orgs.models import Agent, Event
 
 logger = logging.getLogger(__name__)
@@ -215,7 +214,7 @@ def enqueue_walks(session_ids: list[uuid.UUID]) -> None:
     `compensating`, and the undo sweep finds each one that sits still."""
     from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
 
-    if not one_statement.available():
+    if not prepared.available():
         for session_id in session_ids:  # SQLite: each run's own walk (one writer at a time anyway)
             tasks.enqueue_walk(session_id)
         return

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from core import logs, observe
+from core import logs, observe, prepared
 from lifecycle import preimages
 from lifecycle.intercept import one_statement
 
@@ -142,7 +142,7 @@ class FastPathMiddleware:
         return self.get_response(request)
 
     def _answer(self, request: HttpRequest, fast, pk: str) -> HttpResponse:
-        if one_statement.available():
+        if prepared.available():
             request.get_host()  # DisallowedHost: Django answers 400, nothing is written
             try:
                 answer = fast(request, pk)

@@ -3,9 +3,10 @@
 The common case (a compensable call within its run's limits, on a running session of an
 active agent, from a key this process has verified before) needs no read before its write:
 
-1. The key comes from `AgentKey.remembered`; the org's tools and the agent's budget limits
-   from `OrgConfig`, stamped with the org's `config_version` (bumped by triggers in the same
-   transaction as any change to tools, compensation functions or budget policies).
+1. The key comes from `AgentKey.remembered` (`wire.remembered_key`); the org's tools and the
+   agent's budget limits from `config.OrgConfig`, stamped with the org's `config_version`
+   (bumped by triggers in the same transaction as any change to tools, compensation functions
+   or budget policies).
 2. One statement, in autocommit (atomic on its own, no BEGIN/COMMIT round trips): the guarded
    UPDATE of the session's counters (running, its agent's, agent active, key live, config
    version unchanged, every run cap respected, no effect with this signature yet) feeds the
@@ -28,225 +29,32 @@ constraint on (session, call_signature) stops the second, which then replays on 
 
 from __future__ import annotations
 
-import functools
-import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import SimpleNamespace
-from typing import Any
 
-import orjson
-import psycopg
-from django.core.exceptions import RequestDataTooBig
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.http import HttpResponse
 from django.utils import timezone
-from psycopg.types.json import Jsonb
 
-from approvals.rules import rules_see_compensable
 from budgets.guard import DEFAULT_WEIGHT
 from budgets.models import RUN_LIMITS, TOOL_CAPS, Limits
-from core import prepared, ratelimit
+from core import prepared
 from core.errors import DomainError
-from core.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
 from effects import longpoll
 from effects.models import Effect, Tier, Tool, UndoEntry, announce
-from lifecycle.intercept import pipeline
-from orgs.models import AgentKey, Organization, RememberedKey
-
-_CONFIGS: dict[uuid.UUID, OrgConfig] = {}
-
-
-def _dumps(value: Any) -> bytes:
-    """JSON by orjson (~5x the standard library), written as DRF's renderer writes it (compact
-    UTF-8). orjson refuses integers past 64 bits, which the API's own parser accepts: a tool's
-    compensation args or a call's args stored by the full pipeline may hold one, so those values
-    are written by the standard library instead of failing."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _jsonb(value: Any) -> Jsonb:
-    """A jsonb parameter dumped by `_dumps` rather than psycopg's standard library default."""
-    return Jsonb(value, dumps=_dumps)
-
-
-@dataclass
-class OrgConfig:
-    """What the fast path reads of an org's registry and budgets, as of `version`.
-
-    The version is read before the rows, so a change racing the load can only make the rows
-    newer than their stamp: the statement then sees a different version and falls back.
-    """
-
-    version: int
-    tools: dict[str, Tool]
-    limits: dict[uuid.UUID, Limits] = field(default_factory=dict)
-    rate_limit_per_key: int | None = None  # the org's own API rate limits (core/ratelimit.py)
-    rate_limit_per_org: int | None = None
-    rate_limits: dict[str, list[ratelimit.Limit]] = field(default_factory=dict)  # by key prefix
-    # An enforcing rule of the org may hold or refuse compensable calls: they all take the pipeline.
-    rules_see_compensable: bool = False
-
-    @classmethod
-    def of(cls, org_id: uuid.UUID) -> OrgConfig | None:
-        config = _CONFIGS.get(org_id)
-        if config is None:
-            found = Organization.objects.filter(pk=org_id).values_list(
-                "config_version", "rate_limit_per_key", "rate_limit_per_org").first()
-            if found is None:
-                return None
-            tools = {tool.name: tool for tool in Tool.objects.filter(org_id=org_id).select_related("compensation_fn")}
-            config = _CONFIGS[org_id] = cls(found[0], tools, rate_limit_per_key=found[1], rate_limit_per_org=found[2],
-                                            rules_see_compensable=rules_see_compensable(org_id, tools))
-        return config
-
-    def rate_limited(self, request, key: RememberedKey) -> HttpResponse | None:
-        """Count the request against its key's and its org's rate limits (one Redis round trip, no
-        query: the limits are part of this cache and of its version); the 429 when one is reached.
-        Marks the request, so that the pipeline, if it answers instead, does not count it again."""
-        if not ratelimit.enabled():
-            return None
-        request.undolog_rate_checked = True
-        limits = self.rate_limits.get(key.prefix)
-        if limits is None:
-            limits = self.rate_limits[key.prefix] = ratelimit.api_limits(
-                key.org_id, f"key:{key.prefix}", self.rate_limit_per_key, self.rate_limit_per_org)
-        try:
-            ratelimit.check(limits)
-        except ratelimit.RateLimited as exc:
-            response = _respond(429, exc.body())
-            response["Retry-After"] = exc.headers["Retry-After"]
-            return response
-        return None
-
-    def limits_for(self, org_id: uuid.UUID, agent_id: uuid.UUID) -> Limits:
-        limits = self.limits.get(agent_id)
-        if limits is None:
-            limits = self.limits[agent_id] = Limits.for_agent(org_id, agent_id)
-        return limits
-
-    @staticmethod
-    def forget(org_id: uuid.UUID, seen_version: int | None) -> None:
-        config = _CONFIGS.get(org_id)
-        if config is not None and config.version != seen_version:
-            _CONFIGS.pop(org_id, None)
-
-
-def available() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def _remembered_key(request) -> RememberedKey | None:
-    scheme, _, raw = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-    return AgentKey.remembered(raw.strip()) if scheme == "Bearer" else None
-
-
-def _json_body(request) -> Any:
-    """The body, parsed by orjson (~10x DRF's parser), under the API parser's nesting and NUL
-    rules; None when the slow path must answer. orjson refuses a little more than DRF's parser
-    (lone surrogates), and reads an integer past 64 bits as a float, losing digits: those too go
-    to the slow path, which decides as always, so the fast path never answers differently, it
-    only answers less."""
-    if request.content_type != "application/json":
-        return None
-    try:
-        raw = request.body
-        data = orjson.loads(raw)
-    except (orjson.JSONDecodeError, RequestDataTooBig):
-        return None
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth_exceeds(data):
-        return None
-    if b"\\u0000" in raw and has_nul(data):
-        return None
-    if _NINETEEN_DIGITS.search(raw) and has_inexact_number(data):
-        return None
-    return data
-
-
-# Every integer of up to 18 digits fits 64 bits; orjson reads a longer one past 64 bits as a float.
-_NINETEEN_DIGITS = re.compile(rb"\d{19}")
-
-
-def has_inexact_number(data: Any) -> bool:
-    """Whether `data` holds a float of 2**63 or more: orjson's reading of an integer it could not
-    keep (or a float that large, which the slow path reads just as well). Iterative."""
-    stack = [data]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, float):
-            if abs(value) >= 2.0**63:
-                return True
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-    return False
-
-
-def _respond(status: int, body: dict[str, Any]) -> HttpResponse:
-    # Every value is already a str, number, bool, None or JSON that was stored.
-    content = _dumps(body) + b"\n"  # as the API's renderer ends its answers (core/renderers.py)
-    response = HttpResponse(content, status=status, content_type="application/json")
-    response["Content-Length"] = str(len(content))  # CommonMiddleware's, which this answer passes by
-    response["X-Undolog-Path"] = "fast"  # which path answered: for operators and tests, never for clients
-    return response
-
+from lifecycle.intercept import two_statements
+from lifecycle.intercept.answers import executed
+from lifecycle.intercept.call import NO_OUTPUT, Call, parse, signature_of
+from lifecycle.intercept.config import OrgConfig
+from lifecycle.intercept.rows import effect_values, undo_entry_values
+from lifecycle.intercept.sql import SAFE_CALLS, Shape, insert_sql, jsonb, live_key
+from lifecycle.intercept.wire import json_body, remembered_key, respond
+from orgs.models import AgentKey, RememberedKey
 
 # ---------------------------------------------------------------- the statements
 
-def _insert(model: type, param: str, source: str) -> str:
-    """`INSERT … SELECT` of one row given as a JSON object of every column: one parameter and a
-    short statement (psycopg caches the parsing of statements under 4 KiB and 50 parameters only),
-    and a new column with a Python default needs no change here. The record comes from a FROM
-    item, not from `(jsonb_populate_record(…)).*` in the select list, which PostgreSQL expands
-    into one call per column: 19 parses of the effect's JSON, 24 of the entry's (~0.4 ms)."""
-    table = model._meta.db_table
-    return (f"INSERT INTO {table} SELECT r.* FROM {source}, jsonb_populate_record(NULL::{table}, %({param})s) AS r "
-            "RETURNING 1")
-
-
-class _Shape:
-    """A model's row for `_insert`, made from values without a model instance (building one took
-    ~0.1 ms of the intercept's ~1.2). The other fields' defaults are read once, callable ones
-    called per row, so a column added with a default needs no change here; auto_now fields
-    are the caller's to give. `values()` is by attribute name, which `as_dict` and `announce`
-    read off a `SimpleNamespace` of them exactly as off an instance."""
-
-    def __init__(self, model: type) -> None:
-        fields = model._meta.concrete_fields
-        self.fixed = {f.attname: f.get_default() for f in fields if not (f.has_default() and callable(f.default))}
-        self.fresh = [(f.attname, f.default) for f in fields if f.has_default() and callable(f.default)]
-        # PostgreSQL reads uuids, times and decimals from their text form; JSON fields stay JSON.
-        textual = (models.UUIDField, models.ForeignKey, models.DateTimeField, models.DecimalField)
-        self.as_text = [(f.attname, f.column) for f in fields if isinstance(f, textual)]
-        self.as_is = [(f.attname, f.column) for f in fields if not isinstance(f, textual)]
-
-    def values(self, given: dict[str, Any]) -> dict[str, Any]:
-        values = {**self.fixed, **{name: make() for name, make in self.fresh if name not in given}, **given}
-        values["pk"] = values["id"]
-        return values
-
-    def row(self, values: dict[str, Any]) -> Jsonb:
-        row = {column: values[name] for name, column in self.as_is}
-        for name, column in self.as_text:
-            value = values[name]
-            row[column] = None if value is None else str(value)
-        return _jsonb(row)
-
-
-_EFFECT, _ENTRY = _Shape(Effect), _Shape(UndoEntry)
-
-
-def _live(key: str) -> str:
-    """`AgentKey.objects.live()` in SQL: not revoked, not past a rotation's grace period."""
-    return f"{key}.revoked_at IS NULL AND ({key}.expires_at IS NULL OR {key}.expires_at > now())"
-
-
+_EFFECT, _ENTRY = Shape(Effect), Shape(UndoEntry)
 _EXISTING = ("id", "tool_name", "tier", "state", "step_index", "args", "result", "error", "created", "updated",
              "args_digest", "call_signature")
 _SQL: dict[tuple, str] = {}
@@ -256,12 +64,6 @@ _CAP_GUARDS = {
     "max_cost_per_run": "s.cost + %(cost)s <= %(cap_cost)s",
     TOOL_CAPS: "COALESCE((s.tool_counts ->> %(tool)s)::int, 0) + %(tool_calls)s <= %(cap_tool)s",
 }
-_SAFE_CALLS = """
-), safe AS (
-    INSERT INTO effects_safecall (session_id, tool_name, step_index, args, created)
-    SELECT s.id, r.tool, r.step_index, r.args, %(now)s
-    FROM s, jsonb_to_recordset(%(safe)s::jsonb) AS r(tool text, step_index int, args jsonb)
-    RETURNING 1"""
 
 
 def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> str:
@@ -277,7 +79,7 @@ def _intercept_sql(caps: tuple[str, ...], with_safe_calls: bool) -> str:
         guards += (" AND NOT EXISTS (SELECT 1 FROM unnest(%(safe_steps)s::int[]) AS st(step), LATERAL ("
                    "SELECT 1 FROM effects_safecall y WHERE y.session_id = s.id AND y.step_index = st.step"
                    " LIMIT 1) seen)")
-    effect_sql, entry_sql = _insert(Effect, "effect", "s"), _insert(UndoEntry, "entry", "e")
+    effect_sql, entry_sql = insert_sql(Effect, "effect", "s"), insert_sql(UndoEntry, "entry", "e")
     existing = ", ".join(f"x.{name}" for name in _EXISTING)
     sql = f"""
 WITH s AS (
@@ -294,16 +96,16 @@ WITH s AS (
     WHERE s.id = %(session)s AND s.agent_id = %(agent)s AND s.state = 'running'
       AND a.id = s.agent_id AND a.state = 'active'
       AND o.id = s.org_id AND o.config_version = %(version)s
-      AND k.id = %(key)s AND k.agent_id = s.agent_id AND {_live('k')}{guards}
+      AND k.id = %(key)s AND k.agent_id = s.agent_id AND {live_key('k')}{guards}
       AND NOT EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s)
-    RETURNING s.id{_SAFE_CALLS if with_safe_calls else ""}
+    RETURNING s.id{SAFE_CALLS if with_safe_calls else ""}
 ), e AS ({effect_sql}), u AS ({entry_sql})
 SELECT (SELECT count(*) FROM u), (SELECT config_version FROM orgs_organization WHERE id = %(org)s), {existing}
 FROM (SELECT 1) one
 LEFT JOIN effects_effect x ON x.session_id = %(session)s AND x.call_signature = %(signature)s
     AND EXISTS (SELECT 1 FROM effects_session s2 JOIN orgs_agentkey k2 ON k2.agent_id = s2.agent_id
                 WHERE s2.id = x.session_id AND s2.agent_id = %(agent)s AND k2.id = %(key)s
-                  AND {_live('k2')})
+                  AND {live_key('k2')})
 """
     _SQL[(caps, with_safe_calls)] = sql
     return sql
@@ -339,60 +141,16 @@ def _run_caps(limits: Limits, tool: Tool) -> tuple[str, ...] | None:
     return tuple(caps)
 
 
-def execute(sql: str, params: dict[str, Any]) -> tuple | None:
-    """Run one statement as a server-side prepared statement (planned once per connection, not per
-    call: most of its cost otherwise), on its own in autocommit, or in a savepoint inside a caller's
-    transaction (tests), so a unique violation leaves that transaction usable. Logged like every
-    Django query, so query counts stay honest."""
-    db = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: each attribute is a lookup
-    try:
-        if db.in_atomic_block:
-            with transaction.atomic():
-                return prepared.row(db, sql, params)
-        return prepared.row(db, sql, params)
-    except (IntegrityError, psycopg.IntegrityError):
-        return None  # a duplicate won the race on the signature: the pipeline replays it
-
-
-def loaded(model: type, names: tuple[str, ...] | list[str], values: tuple | list) -> dict[str, Any]:
-    """A row a raw statement read, by attribute name, its jsonb decoded as the ORM decodes it
-    (Django's connection reads jsonb as text; its JSON fields parse it). Names that are not
-    fields of `model` (a from_state) pass through."""
-    fields = {f.attname: f for f in model._meta.concrete_fields}
-    return {name: fields[name].from_db_value(value, None, connection)
-            if isinstance(value, str) and isinstance(fields.get(name), models.JSONField) else value
-            for name, value in zip(names, values, strict=True)}
-
-
-def instance(model: type, values: tuple | list) -> Any:
-    """A model instance from a raw statement's row of all its concrete fields, in order, as the ORM
-    would load it (`loaded`, for a whole row): the fields' shape is worked out once per model, as
-    per row it was a fifth of a fleet walk's CPU (two instances per entry per round)."""
-    names, json_fields = _shape(model)
-    values = list(values)
-    for index, json_field in json_fields:
-        if isinstance(values[index], str):
-            values[index] = json_field.from_db_value(values[index], None, connection)
-    return model.from_db(DEFAULT_DB_ALIAS, names, values)
-
-
-@functools.cache
-def _shape(model: type) -> tuple[list[str], list[tuple[int, Any]]]:
-    fields = model._meta.concrete_fields
-    return ([f.attname for f in fields],
-            [(index, f) for index, f in enumerate(fields) if isinstance(f, models.JSONField)])
-
-
 # ---------------------------------------------------------------- intercept
 
 def intercept(request, session_id: str) -> HttpResponse | None:
     """The answer to an intercept request, or None for the pipeline to give it."""
-    key = _remembered_key(request)
-    data = _json_body(request) if key is not None else None
+    key = remembered_key(request)
+    data = json_body(request) if key is not None else None
     if not isinstance(data, dict):
         return None
     try:
-        call = pipeline.parse(data)
+        call = parse(data)
         session = uuid.UUID(session_id)
     except (DomainError, ValueError):
         return None
@@ -404,11 +162,9 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     if tool is None or tool.tier not in (Tier.IRREVERSIBLE, Tier.COMPENSABLE):
         return None
     if tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable or \
-            any(c.output is not pipeline.NO_OUTPUT for c in call.safe_calls):
+            any(c.output is not NO_OUTPUT for c in call.safe_calls):
         # The org's rules decide (compensable calls too, in an org whose rules may hold them), or
         # an output must be fingerprinted: a read, then the write (lifecycle/intercept/two_statements.py).
-        from lifecycle.intercept import two_statements  # built on this module's statements
-
         return two_statements.intercept(key, config, tool, call, session)
     if tool.compensation_fn is None:
         return None
@@ -420,13 +176,13 @@ def intercept(request, session_id: str) -> HttpResponse | None:
     return _admit(key, config, limits, tool, call, session, caps)
 
 
-def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, call: pipeline.Call,
+def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, call: Call,
            session: uuid.UUID, caps: tuple[str, ...]) -> HttpResponse | None:
     now = timezone.now()
-    signature = pipeline.signature_of(session, call)
-    effect = _EFFECT.values({**pipeline.effect_values(key.org_id, session, tool, call, signature),
+    signature = signature_of(session, call)
+    effect = _EFFECT.values({**effect_values(key.org_id, session, tool, call, signature),
                              "created": now, "updated": now})
-    entry = _ENTRY.values({**pipeline.undo_entry_values(tool, effect), "effect_id": effect["id"],
+    entry = _ENTRY.values({**undo_entry_values(tool, effect), "effect_id": effect["id"],
                            "created": now, "updated": now})
     safe = {c.step_index: c for c in call.safe_calls}  # a step reported twice counts once (the pipeline's rule)
     charge = Charge()
@@ -436,16 +192,16 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
     charge.add(tool.name, tool)
     sql = _intercept_sql(caps, bool(safe))
     params = {"calls": charge.calls, "irreversible": charge.irreversible, "cost": charge.cost,
-              "counts": _jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
+              "counts": jsonb(charge.counts), "tool": tool.name, "tool_calls": tool_calls_before + 1,
               "step": max(call.step_index, *safe) if safe else call.step_index, "now": now, "session": session,
               "agent": key.agent_id, "version": config.version, "key": key.id, "signature": signature,
               "org": key.org_id, "cap_calls": limits.values["max_tool_calls_per_run"],
               "cap_irreversible": limits.values["max_irreversible_per_run"],
               "cap_cost": limits.values["max_cost_per_run"], "cap_tool": limits.tool_caps.get(tool.name),
-              "safe": _jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
+              "safe": jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args} for c in safe.values()]),
               "safe_steps": list(safe),
               "effect": _EFFECT.row(effect), "entry": _ENTRY.row(entry)}
-    row = execute(sql, params)
+    row = prepared.execute(sql, params)
     if row is None:
         return None
     pushed, version, *existing = row
@@ -453,23 +209,23 @@ def _admit(key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool, ca
         made, pushed_entry = SimpleNamespace(**effect), SimpleNamespace(**entry)
         announce(made, "effect", None, Effect.State.EXECUTING, name=tool.name, session_id=session,
                  org_id=key.org_id, step_index=call.step_index)
-        answer = pipeline.executed(made, pushed_entry)
-        return _respond(answer.status, answer.body)
+        answer = executed(made, pushed_entry)
+        return respond(answer.status, answer.body)
     OrgConfig.forget(key.org_id, version)
     # A replay that reports SAFE calls may charge some: the pipeline does that bookkeeping.
     return None if safe else _replay(existing, call, session)
 
 
-def _replay(existing: list, call: pipeline.Call, session: uuid.UUID) -> HttpResponse | None:
+def _replay(existing: list, call: Call, session: uuid.UUID) -> HttpResponse | None:
     if existing[0] is None:
         return None
-    effect = Effect(session_id=session, **loaded(Effect, _EXISTING, existing))
+    effect = Effect(session_id=session, **prepared.loaded(Effect, _EXISTING, existing))
     if effect.tier != Tier.COMPENSABLE:
         return None  # an irreversible replay carries its approval: the pipeline builds that
     if call.idempotency_key and (effect.tool_name != call.tool or
                                  effect.args_digest != call.args_digest):
         return None  # the pipeline answers 409 idempotency_key_reused
-    return _respond(200, {"decision": "replay", "effect": effect.as_dict()})
+    return respond(200, {"decision": "replay", "effect": effect.as_dict()})
 
 
 # ---------------------------------------------------------------- commit
@@ -482,7 +238,7 @@ WITH old AS (
     WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state IN ('executing', 'approved')
       AND NOT e.undo_needs_result
       AND NOT EXISTS (SELECT 1 FROM effects_tool t WHERE t.id = e.tool_id AND t.labels @> '["untrusted"]'::jsonb)
-      AND k.id = %(key)s AND {_live('k')}
+      AND k.id = %(key)s AND {live_key('k')}
     FOR UPDATE OF e
 ), e AS (
     UPDATE effects_effect e SET state = 'committed', updated = %(now)s, result = %(result)s::jsonb
@@ -501,8 +257,8 @@ _COMMITTED = ("id", "org_id", "session_id", "tool_name", "tier", "step_index", "
 
 def commit(request, effect_id: str) -> HttpResponse | None:
     """The answer to a commit request, or None for the viewset to give it."""
-    key = _remembered_key(request)
-    data = _json_body(request) if key is not None else None
+    key = remembered_key(request)
+    data = json_body(request) if key is not None else None
     if not isinstance(data, dict) or set(data) - {"result"}:
         return None
     try:
@@ -516,15 +272,15 @@ def commit(request, effect_id: str) -> HttpResponse | None:
     result = data.get("result")
     now = timezone.now()
     AgentKey.touch_remembered(key)
-    row = execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
-                                 "result": None if result is None else _jsonb(result),  # SQL NULL, as the ORM writes it
+    row = prepared.execute(_COMMIT_SQL, {"effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": now,
+                                 "result": None if result is None else jsonb(result),  # SQL NULL, as the ORM writes it
                                  "actor": f"agent:{key.agent_name}"})
     if row is None:
         return None  # not this agent's, not executing or approved, or gone: the viewset says which
-    found = loaded(Effect, _COMMITTED, row)
+    found = prepared.loaded(Effect, _COMMITTED, row)
     from_state = found.pop("from_state")
     effect = Effect(state=Effect.State.COMMITTED, result=result, updated=now, **found)
     longpoll.publish(effect.pk)
     announce(effect, "effect", from_state, Effect.State.COMMITTED, name=effect.tool_name,
              session_id=effect.session_id, org_id=effect.org_id, step_index=effect.step_index)
-    return _respond(200, {"effect": effect.as_dict()})
+    return respond(200, {"effect": effect.as_dict()})

@@ -1,150 +1,26 @@
-"""The intercept pipeline: one database transaction per intercepted call (DESIGN.md)."""
+"""The intercept pipeline: one database transaction per intercepted call (DESIGN.md), through the
+ORM. It answers every call and owns every rule; the one-statement and two-statement paths answer
+the calls they can in fewer statements, with the same decision, rows and answers
+(lifecycle/intercept/__init__.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from approvals import notify, rules
-from approvals.models import RULE_PREFIX, ApprovalRequest, Grant, grant_reason
+from approvals.models import ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
-from core.errors import Conflict, DomainError, Invalid, NotFound
+from core.errors import Conflict, DomainError, NotFound
 from effects import outputs
-from effects.models import (
-    Effect,
-    SafeCall,
-    Session,
-    Tier,
-    Tool,
-    UndoEntry,
-    canonical_json,
-    needs_result,
-    render_template,
-    sha256,
-)
-from orgs.models import Agent, Event, Organization
-
-ALLOWED_FIELDS = {"tool", "args", "step_index", "reasoning", "safe_calls", "idempotency_key"}
-SAFE_CALL_FIELDS = {"tool", "step_index", "args", "output"}
-NO_OUTPUT = object()  # a SAFE call reported without its output (an output may be null)
-MAX_SAFE_CALLS = 1000
-MAX_REASONING = 20_000
-
-
-@dataclass
-class ReportedSafeCall:
-    tool: str
-    step_index: int
-    args: dict
-    output: Any = NO_OUTPUT  # the tool's return value: only its fingerprints are kept (effects/outputs.py)
-
-    def prints(self, tool: Tool | None, run_inputs: Any) -> outputs.Prints | None:
-        """Its output's fingerprints, by its tool's labels (None: no output, or nothing in it to keep)."""
-        if self.output is NO_OUTPUT:
-            return None
-        return outputs.prints_of_output(self.step_index, self.tool, self.output, labels=tool.labels if tool else (),
-                                        untrusted_fields=tool.untrusted_fields if tool else (), args=self.args,
-                                        run_inputs=run_inputs)
-
-
-@dataclass
-class Call:
-    """A validated intercept request."""
-
-    tool: str
-    args: dict
-    step_index: int
-    reasoning: str = ""
-    idempotency_key: str = ""
-    safe_calls: list[ReportedSafeCall] = field(default_factory=list)
-    args_json: str = ""  # canonical_json(args), written once: the size check, signature and digest read it
-
-    def __post_init__(self) -> None:
-        if not self.args_json:
-            self.args_json = canonical_json(self.args)
-
-    @property
-    def args_digest(self) -> str:
-        return sha256(self.args_json)
-
-
-@dataclass
-class Answer:
-    status: int
-    body: dict[str, Any]
-
-
-def _is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31 - 1
-
-
-def _parse_safe_calls(raw: Any, errors: dict) -> list[ReportedSafeCall]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or len(raw) > MAX_SAFE_CALLS:
-        errors["safe_calls"] = f"Must be a list of at most {MAX_SAFE_CALLS} {{tool, step_index, args}} objects."
-        return []
-    calls = []
-    for n, item in enumerate(raw):
-        if not isinstance(item, dict) or set(item) - SAFE_CALL_FIELDS:
-            errors[f"safe_calls[{n}]"] = "Must be an object with tool, step_index and optional args."
-        elif (not isinstance(item.get("tool"), str) or not item["tool"] or len(item["tool"]) > 200
-              or not _is_index(item.get("step_index"))):
-            # 200: SafeCall.tool_name's column (PostgreSQL refuses longer; SQLite would not say)
-            errors[f"safe_calls[{n}]"] = ("tool must be a non-empty string of at most 200 characters and "
-                                          "step_index a non-negative integer.")
-        elif not isinstance(item.get("args", {}), dict):
-            errors[f"safe_calls[{n}]"] = "args must be an object."
-        elif "output" in item and len(canonical_json(item["output"]).encode()) > settings.UNDOLOG_MAX_OUTPUT_BYTES:
-            limit = settings.UNDOLOG_MAX_OUTPUT_BYTES // 1024
-            errors[f"safe_calls[{n}].output"] = f"Must be at most {limit} KiB of JSON."
-        else:
-            calls.append(ReportedSafeCall(item["tool"], item["step_index"], item.get("args", {}),
-                                          item.get("output", NO_OUTPUT)))
-    return calls
-
-
-def parse(data: Any) -> Call:
-    """Validate the body by hand: the hot path skips DRF serializers."""
-    if not isinstance(data, dict):
-        raise Invalid({"non_field_errors": "The body must be a JSON object."}, "The body must be a JSON object.")
-    errors: dict[str, str] = {}
-    unknown = set(data) - ALLOWED_FIELDS
-    if unknown:
-        errors.update(dict.fromkeys(sorted(unknown), "Unknown field."))
-    tool, args, step = data.get("tool"), data.get("args", {}), data.get("step_index")
-    if not isinstance(tool, str) or not tool.strip() or len(tool) > 200:
-        errors["tool"] = "A tool name (a non-empty string of at most 200 characters) is required."
-    args_json = canonical_json(args) if isinstance(args, dict) else ""
-    if not isinstance(args, dict):
-        errors["args"] = "Must be a JSON object of the call's arguments."
-    elif len(args_json.encode()) > settings.UNDOLOG_MAX_ARGS_BYTES:
-        errors["args"] = f"Must be at most {settings.UNDOLOG_MAX_ARGS_BYTES // 1024} KiB of JSON."
-    if not _is_index(step):
-        errors["step_index"] = "A non-negative integer is required."
-    reasoning, key = data.get("reasoning") or "", data.get("idempotency_key") or ""
-    if not isinstance(reasoning, str) or len(reasoning) > MAX_REASONING:
-        errors["reasoning"] = f"Must be a string of at most {MAX_REASONING} characters."
-    if not isinstance(key, str) or len(key) > 200:
-        errors["idempotency_key"] = "Must be a string of at most 200 characters."
-    safe_calls = _parse_safe_calls(data.get("safe_calls"), errors)
-    if errors:
-        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
-    return Call(tool=tool, args=args, step_index=step, reasoning=reasoning, idempotency_key=key,
-                safe_calls=safe_calls, args_json=args_json)
-
-
-def parse_safe_calls(data: Any) -> list[ReportedSafeCall]:
-    """`safe_calls` sent with /complete or /fail: the run's last SAFE calls."""
-    errors: dict[str, str] = {}
-    calls = _parse_safe_calls(data, errors)
-    if errors:
-        raise Invalid(errors, next(f"{k}: {v}" for k, v in errors.items()))
-    return calls
+from effects.models import Effect, SafeCall, Session, Tier, Tool, UndoEntry
+from lifecycle.intercept.answers import Answer, awaiting, executed, granted, refused_by_rule
+from lifecycle.intercept.call import Call, ReportedSafeCall, call_signature
+from lifecycle.intercept.decision import decide
+from lifecycle.intercept.rows import agent_context, new_effect, new_undo_entry
+from orgs.models import Agent, Event
 
 
 def report_safe_calls(agent: Agent, session_id: Any, reported: list[ReportedSafeCall]) -> None:
@@ -157,18 +33,6 @@ def report_safe_calls(agent: Agent, session_id: Any, reported: list[ReportedSafe
         tools = {tool.name: tool for tool in Tool.objects.for_org(agent.org_id).filter(name__in=names)}
         _record_safe_calls(session, reported, tools)
         session.save(update_fields=guard.RUN_FIELDS + ["step_index", "updated"])
-
-
-def call_signature(session: Session, call: Call) -> str:
-    return signature_of(session.id, call)
-
-
-def signature_of(session_id: Any, call: Call) -> str:
-    if call.idempotency_key:
-        return sha256(canonical_json([str(session_id), "idempotency_key", call.idempotency_key]))
-    # canonical_json([str(session_id), call.tool, call.args]), with the args' part already written
-    return sha256(f"[{canonical_json(str(session_id))},{canonical_json(call.tool)},{call.args_json}]")
-
 
 def intercept(agent: Agent, session_id: Any, call: Call) -> Answer:
     """Run one call through the pipeline; a lost race on the unique signature replays."""
@@ -301,77 +165,6 @@ def _flag(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect
     answer.body.update(flagged=True, approval={**approval.summary(), "flagged": True, "rule": verdict.rule.name})
     return answer
 
-
-@dataclass
-class Decision:
-    """How an irreversible call that passed the budget and no deny rule is decided: by a grant
-    (one reviewer's standing approval), by an approve rule, or by people (`approvals_required`
-    of them, from `group` if a require rule names one). The pipeline and the fast approval path
-    (lifecycle/intercept/two_statements.py) both decide with `decide`, so they never disagree."""
-
-    rule: rules.CompiledRule | None
-    approvals_required: int
-    group: Any = None  # rules.GroupRef
-    grant: Any = None  # approvals.models.Grant (or what reads like one: pk, label, created_by_label, reason)
-
-    @property
-    def by_rule(self) -> bool:
-        return self.grant is None and self.rule is not None and self.rule.outcome == rules.Rule.Outcome.APPROVE
-
-    @property
-    def held(self) -> bool:
-        """Waits for a person: the session becomes `awaiting_approval`."""
-        return self.grant is None and not self.by_rule
-
-    def label_and_reason(self) -> tuple[str, str]:
-        """decided_by and the reason of a call decided at once."""
-        if self.grant is not None:
-            return self.grant.label, grant_reason(self.grant)
-        rule = self.rule
-        return f"{RULE_PREFIX}{rule.name}", rule.message or f"Approved by rule {rule.name}."
-
-    def request_fields(self, verdict: rules.Verdict) -> dict[str, Any]:
-        """`ApprovalRequest.open_for`'s keyword arguments for this decision."""
-        rule = self.rule
-        return {"approvals_required": self.approvals_required, "rule": rule.name if rule else "",
-                "reviewer_group": self.group, "observations": verdict.observations(),
-                "why": verdict.why if rule is not None and rule.outcome != "approve" else []}
-
-
-def decide(org: Organization, tool: Tool, verdict: rules.Verdict, find_grant) -> Decision:
-    """The decision for a call no deny rule refused. `find_grant()` (called only when a grant
-    could decide: the pipeline's one indexed query) gives the live grant that matches, or None."""
-    rule = verdict.rule
-    required = quorum_for(org, tool, rule)
-    group = rule.reviewer_group if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE else None
-    decision = Decision(rule, required, group)
-    # A grant is one reviewer's standing approval: it never beats a deny rule (above), and never
-    # stands in for a quorum of several people or for the reviewer group a rule names.
-    if required == 1 and group is None and (rule is None or rule.outcome == rules.Rule.Outcome.REQUIRE):
-        decision.grant = find_grant()
-    return decision
-
-
-def awaiting(effect: Effect, tool: Tool, approval: ApprovalRequest) -> Answer:
-    """The 202 of a call held for people or decided at once by a rule."""
-    effect_body = {**effect.as_dict(), "executor": bool(tool.executor_url)}  # the worker runs it, not the caller
-    if approval.decision:
-        effect_body.update(decision=approval.decision, reason=approval.decision_reason or None)
-    return Answer(202, {"decision": "await_approval", "effect": effect_body,
-                        "approval": {**approval.summary(), "decided_by": approval.decided_by_label or None,
-                                     "approvals_required": approval.approvals_required}})
-
-
-def quorum_for(org: Organization, tool: Tool, rule: rules.CompiledRule | None) -> int:
-    """Distinct approvers a call needs: the most any of its tool, its risk tags (the org's
-    `approvals_by_risk_tag`) and a `require` rule ask for. A rule can raise it, never lower it."""
-    tags = org.approvals_by_risk_tag or {}
-    asked = [tool.approvals_required, *(tags.get(tag, 1) for tag in tool.risk_tags or [])]
-    if rule is not None and rule.outcome == rules.Rule.Outcome.REQUIRE:
-        asked.append(rule.approvals_required)
-    return max(1, *asked)
-
-
 def _deny(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect,
           rule: rules.CompiledRule) -> Answer:
     label = f"rule:{rule.name}"
@@ -383,30 +176,6 @@ def _deny(agent: Agent, session: Session, tool: Tool, call: Call, effect: Effect
                              reason=f"rule {rule.name}: {why}", session_id=session.pk, effect_id=effect.pk,
                              step_index=call.step_index, args=call.args, message=message)
     return Answer(403, refused_by_rule(effect, refusal))
-
-
-def refused_by_rule(effect: Effect, refusal: Refusal) -> dict[str, Any]:
-    """The answer to a call a rule denied, the first time and on every replay."""
-    rule = refusal.decided_by.removeprefix("rule:")
-    return {"decision": "refused", "kind": "rule", "rule": rule, "message": refusal.message,
-            "refusal": str(refusal.id), "effect": {**effect.as_dict(), "decision": "rejected",
-                                                   "reason": refusal.reason}}
-
-
-def executed(effect: Any, entry: Any) -> Answer:
-    """The 201 of a compensable call that runs at once, its undo entry pushed (of the model
-    instances, or of what reads like them: the compensable fast path's rows)."""
-    return Answer(201, {"decision": "execute", "effect": Effect.as_dict(effect),
-                        "undo_entry": UndoEntry.as_dict(entry)})
-
-
-def granted(effect: Effect, approval: ApprovalRequest) -> Answer:
-    """The 201 of a call a live grant decided at once (the session keeps running)."""
-    view, fields = approval.summary(), approval.caller_fields()
-    view.update(decided_by=approval.decided_by_label, decision=approval.decision,
-                reason=approval.decision_reason, decided_args_digest=approval.decided_args_digest)
-    return Answer(201, {"decision": "approved", "effect": {**effect.as_dict(), **fields}, "approval": view})
-
 
 def _lock_session(agent: Agent, session_id: Any) -> Session:
     # FOR UPDATE: calls of one session are checked one by one (the guide's "parallel calls are
@@ -502,73 +271,3 @@ def _push_undo(session: Session, tool: Tool, effect: Effect) -> UndoEntry:
     entry = new_undo_entry(tool, effect)
     entry.save(force_insert=True)
     return entry
-
-
-def new_effect(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> Effect:
-    """The effect row of an admitted call, not yet saved."""
-    values = effect_values(org_id, session_id, tool, call, signature)
-    del values["tool_id"]
-    return Effect(tool=tool, **values)
-
-
-def effect_values(org_id: Any, session_id: Any, tool: Tool, call: Call, signature: str) -> dict[str, Any]:
-    """What an admitted call's effect row holds beyond its defaults, by attribute name: the pipeline
-    makes an `Effect` of them, the fast path its row (no model instance: they cost it ~0.1 ms)."""
-    initial = Effect.State.EXECUTING if tool.tier == Tier.COMPENSABLE else Effect.State.PENDING
-    return {
-        "org_id": org_id, "session_id": session_id, "tool_id": tool.pk, "tool_name": tool.name, "tier": tool.tier,
-        "step_index": call.step_index, "call_signature": signature, "idempotency_key": call.idempotency_key,
-        "args": call.args, "args_digest": call.args_digest, "reasoning": call.reasoning,
-        "state": initial,
-        "undo_needs_result": tool.tier == Tier.COMPENSABLE and needs_result(tool.compensation_args, call.args),
-    }
-
-
-def new_undo_entry(tool: Tool, effect: Effect) -> UndoEntry:
-    """The undo entry pushed before a compensable effect runs, not yet saved."""
-    values = undo_entry_values(tool, effect.__dict__)
-    del values["fn_id"]
-    return UndoEntry(effect=effect, fn=tool.compensation_fn, **values)
-
-
-def undo_entry_values(tool: Tool, effect: dict[str, Any]) -> dict[str, Any]:
-    """The undo entry's values (by attribute name) for the effect's values."""
-    fn = tool.compensation_fn
-    # A template that reads the result is kept on the entry and rendered when the effect commits.
-    template = tool.compensation_args if effect["undo_needs_result"] else None
-    return {
-        "session_id": effect["session_id"], "step_index": effect["step_index"], "fn_id": fn.pk,
-        "fn_name": fn.fn_name, "fn_version": fn.fn_version, "args": render_template(tool.compensation_args,
-                                                                                 effect["args"]),
-        "args_template": template, "max_retries": tool.max_retries, "retry_backoff_ms": tool.retry_backoff_ms,
-    }
-
-
-def agent_context(session: Session, call: Call, effect: Effect) -> dict[str, Any]:
-    """The session's last N calls (SAFE ones included) and its reasoning trace."""
-    window = session.org.context_window
-    effects = list(Effect.objects.for_session(session).exclude(pk=effect.pk).order_by("-step_index")[:window])
-    safe = list(SafeCall.objects.filter(session=session).order_by("-step_index")[:window])
-    return context_of(window, effects, safe, call)
-
-
-def context_of(window: int, effects: list[Any], safe: list[Any], call: Call) -> dict[str, Any]:
-    """`agent_context` of the run's last `window` effects and SAFE calls (each newest first, read by
-    the caller: the pipeline with two queries, the fast approval path inside its one read)."""
-    calls = [{"step_index": e.step_index, "tool": e.tool_name, "tier": e.tier, "args": e.args,
-              "state": e.state, "result": summarise(e.result), "error": e.error or None} for e in effects]
-    calls += [{"step_index": s.step_index, "tool": s.tool_name, "tier": Tier.SAFE, "args": s.args,
-               "state": "reported", "result": None, "error": None} for s in safe]
-    calls = sorted(calls, key=lambda c: c["step_index"])[-window:] if window else []
-    trace = [{"step_index": e.step_index, "text": e.reasoning} for e in sorted(effects, key=lambda e: e.step_index)
-             if e.reasoning]
-    if call.reasoning:
-        trace.append({"step_index": call.step_index, "text": call.reasoning})
-    return {"calls": calls, "reasoning": trace}
-
-
-def summarise(result: Any, limit: int = 300) -> str | None:
-    if result is None:
-        return None
-    text = result if isinstance(result, str) else canonical_json(result)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
