@@ -59,7 +59,9 @@ def sha256(text: str) -> str:
 # on_exceeded verdict to it (budgets/apps.py): budgets reads runs, runs do not import budgets.
 session_ended = Signal()
 # A compensating run has open entries to walk, sent after its transaction commits. lifecycle
-# connects the walk's enqueue to it (lifecycle/apps.py): the walk joins apps above effects.
+# connects the walk's enqueue to it (lifecycle/apps.py): the walk joins apps above effects. The
+# walk's own modules send it too (an agent's report, a fleet round handing a run to its own walk),
+# so that none of them imports the Celery tasks that import them.
 walk_due = Signal()
 # A reviewer rejected a flagged call (approvals): undo its entry alone (`entry_id`), after commit.
 undo_one_due = Signal()
