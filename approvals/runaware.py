@@ -41,7 +41,7 @@ from typing import Any
 from django.db import connection
 
 from effects import outputs
-from effects.models import Effect, SafeCall, Tier, Tool
+from effects.models import Effect, RunFingerprint, SafeCall, Tier, Tool
 
 FUNCTIONS = frozenset({"tainted", "requested", "read_untrusted", "asked", "window", "count", "sum", "emails", "urls",
                        "hosts", "lower", "domain"})
@@ -157,7 +157,7 @@ class RunView:
 
     def taint(self) -> outputs.RunTaint:
         if self._taint is None:
-            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index)
+            self._taint = outputs.RunTaint.of(RunFingerprint.rows(self.session.pk, before_step=self.step_index))
         return self._taint
 
     def tainted(self, value: Any) -> bool:

@@ -175,13 +175,13 @@ def main(argv: list[str] | None = None) -> dict:
 def deciding(name: str, own_read: bool):
     from approvals import rules
     from effects import outputs
-    from effects.models import Effect
+    from effects.models import Effect, RunFingerprint
 
     effect = (Effect.objects.filter(org__slug=f"bench-runaware-{name.replace(' ', '-')}",
                                     tool_name="send_message").select_related(
         "session__agent", "session__org", "tool").latest("created"))
     session, agent, org = effect.session, effect.session.agent, effect.session.org
-    rows = [tuple(row) for row in outputs._rows(session.pk, effect.step_index)]
+    rows = [tuple(row) for row in RunFingerprint.rows(session.pk, effect.step_index)]
     # The fast path builds the taint only for an org whose rules read it (not the plain rule's).
     reads_taint = any(r.reads & {"tainted", "requested", "read_untrusted"} for r in rules.rules_of(org))
 

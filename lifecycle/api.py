@@ -22,8 +22,8 @@ from budgets.bodies import budget_body
 from core.errors import DomainError, Invalid, NotFound
 from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
-from effects import longpoll, outputs, shapes
-from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
+from effects import longpoll, shapes
+from effects.models import Effect, RunFingerprint, Session, Tier, UndoEntry, canonical_json
 from lifecycle import claims, rollback
 from lifecycle import rewind as rewinds
 from lifecycle import shapes as run_shapes
@@ -178,7 +178,7 @@ class SessionViewSet(OrgScopedViewSet):
             session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
                                              inputs=data["inputs"], started_by=data["started_by"].strip(),
                                              on_idle=data["on_idle"])
-            outputs.record(session.id, 0, "inputs", data["inputs"], inputs=True)  # trusted: its values vouch
+            RunFingerprint.record(session.id, 0, "inputs", data["inputs"], inputs=True)  # trusted: its values vouch
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],

@@ -14,8 +14,7 @@ from approvals.models import ApprovalRequest, Grant
 from budgets import guard
 from budgets.models import Refusal
 from core.errors import Conflict, DomainError, NotFound
-from effects import outputs
-from effects.models import Effect, SafeCall, Session, Tier, Tool, UndoEntry
+from effects.models import Effect, RunFingerprint, SafeCall, Session, Tier, Tool, UndoEntry
 from lifecycle.intercept.answers import Answer, awaiting, executed, granted, refused_by_rule
 from lifecycle.intercept.call import Call, ReportedSafeCall, call_signature
 from lifecycle.intercept.decision import decide
@@ -206,7 +205,7 @@ def _record_safe_calls(session: Session, reported: list[ReportedSafeCall], tools
         guard.charge_safe_call(session, tools.get(safe.tool), safe.tool)
         found = safe.prints(tools.get(safe.tool), session.inputs)
         if found is not None:
-            outputs.keep(session.id, found)
+            RunFingerprint.keep(session.id, found)
     session.step_index = max(session.step_index, *fresh)
 
 
