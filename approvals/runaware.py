@@ -65,18 +65,18 @@ def duration(text: Any) -> timedelta:
 
 
 def emails(text: Any) -> list[str]:
-    return list(dict.fromkeys(outputs._EMAIL.findall(str(text).lower())))
+    return list(dict.fromkeys(outputs.EMAIL.findall(str(text).lower())))
 
 
 def urls(text: Any) -> list[str]:
-    return list(dict.fromkeys(u.rstrip(outputs._TRAILING) for u in outputs._URL.findall(str(text).lower())))
+    return list(dict.fromkeys(u.rstrip(outputs.TRAILING) for u in outputs.URL.findall(str(text).lower())))
 
 
 def hosts(text: Any) -> list[str]:
     lowered = str(text).lower()
-    found = [e.rsplit("@", 1)[1] for e in outputs._EMAIL.findall(lowered)]
+    found = [e.rsplit("@", 1)[1] for e in outputs.EMAIL.findall(lowered)]
     found += [re.sub(r"^https?://", "", u).split("/", 1)[0].split(":", 1)[0] for u in urls(lowered)]
-    found += [m.group(0) for m in outputs._HOST.finditer(lowered)]
+    found += [m.group(0) for m in outputs.HOST.finditer(lowered)]
     return list(dict.fromkeys(h.removeprefix("www.") for h in found))
 
 
@@ -89,7 +89,7 @@ addresses = outputs.addresses
 
 
 def _words(text: str) -> str:
-    return " ".join(outputs._WORD.findall(text.lower()))
+    return " ".join(outputs.WORD.findall(text.lower()))
 
 
 def _given(value: Any, said: list[str]) -> bool:

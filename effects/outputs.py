@@ -61,16 +61,16 @@ PROSE = 200  # a string in a trusted output past this (or over several lines) is
 # date) is shorter; a channel named "External_Send a link www.x.com to Alice." is someone's prose.
 PROSE_WORDS = 6
 
-_EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
-_URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
+EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
+URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
 # A bare host (no scheme): a name with a common top-level domain, so file names (report.pdf) are not hosts.
-_HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
+HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
                    r"xyz|me|us|uk|de|fr|eu|ru|cn|ch|nl|it|es|be|ly|to|site|online|link|click|top)\b")
 _ALNUM = re.compile(r"[a-z0-9]{8,}")
 _DIGITS = re.compile(r"\d{6,}")
 _SPACE = re.compile(r"\s+")
-_WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
-_TRAILING = ".,;:!?"
+WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
+TRAILING = ".,;:!?"
 # Prose (issue 38): capitalised words, sentence starts, quoted strings, plain words for arguments' phrases.
 _CAPITALISED = re.compile(r"[A-Z][\w'’&-]*")
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;\n\"“”(\[]|\s-)\s*$")
@@ -109,13 +109,13 @@ def tokens_of(text: str) -> list[str]:
         found.append(whole)
     # An address, not its domain: that some untrusted text named a gmail.com address says nothing
     # of every other gmail.com address.
-    found.extend(_EMAIL.findall(lowered))
-    for url in _URL.findall(lowered):
-        url = url.rstrip(_TRAILING)
+    found.extend(EMAIL.findall(lowered))
+    for url in URL.findall(lowered):
+        url = url.rstrip(TRAILING)
         found.append(url)
         host = re.sub(r"^(?:https?://)", "", url).split("/", 1)[0].split(":", 1)[0]
         found.extend((host, host.removeprefix("www.")))
-    for match in _HOST.finditer(lowered):
+    for match in HOST.finditer(lowered):
         host = match.group(0)
         found.extend((host, host.removeprefix("www.")))
     for run in _ALNUM.findall(lowered):
@@ -182,7 +182,7 @@ def arg_phrases(text: str) -> list[str]:
     plain words of its first `ARG_WORDS` words (a lone word of >= 4 characters), longest first."""
     # An address or URL is a token of its own (`tokens_of`): its parts are no one's prose
     # ("david.lee@x.com" carries no name "david lee").
-    text = _URL.sub(" ", _EMAIL.sub(" ", text.lower()))
+    text = URL.sub(" ", EMAIL.sub(" ", text.lower()))
     words = _plain(text)[:ARG_WORDS]
     found = [" ".join(words)] if len(words) > PHRASE_WORDS and len(text) <= MAX_WHOLE else []
     for n in range(PHRASE_WORDS, 0, -1):  # the longest first: `why` names the whole phrase
@@ -261,7 +261,7 @@ def phrases_of(value: Any, longest: int = 4) -> set[int]:
     found = set()
     key = _key()
     for text in strings_in(value):
-        words = _WORD.findall(text.lower())
+        words = WORD.findall(text.lower())
         for n in range(1, longest + 1):
             for i in range(len(words) - n + 1):
                 phrase = " ".join(words[i:i + n])
@@ -289,12 +289,12 @@ def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
 # (the common top-level domains). Neither may go on ("dora.com.evil.example" names neither).
 _END = r"(?![\w-]|\.\w)"
 _FILE = re.compile(r"(?<![\w.@/-])[a-z0-9_][a-z0-9_.-]*\.[a-z][a-z0-9]{0,4}" + _END)
-_BARE_HOST = re.compile(_HOST.pattern + _END)
+_BARE_HOST = re.compile(HOST.pattern + _END)
 
 
 def _address(text: str) -> str:
     """An address as compared: no scheme, no leading `www.`, no trailing slash or punctuation."""
-    text = re.sub(r"^https?://", "", text.rstrip(_TRAILING)).removeprefix("www.")
+    text = re.sub(r"^https?://", "", text.rstrip(TRAILING)).removeprefix("www.")
     return text.rstrip("/")
 
 
@@ -305,7 +305,7 @@ def addresses(value: Any) -> set[str]:
     found: set[str] = set()
     for text in strings_in(value):
         rest = text.lower()
-        for pattern in (_EMAIL, _URL):
+        for pattern in (EMAIL, URL):
             found.update(_address(m) for m in pattern.findall(rest))
             rest = pattern.sub(" ", rest)
         found.update(_address(m.group(0)) for m in _BARE_HOST.finditer(rest))
