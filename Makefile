@@ -43,7 +43,8 @@ lint: $(STAMP)
 check: $(STAMP) extras
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m ruff check .
-	$(VENV)/bin/lint-imports --no-logo --no-cache  # the layers in .importlinter: imports point down
+	$(VENV)/bin/lint-imports --no-logo --no-cache  # .importlinter: imports point down, no circle in a package
+	$(PY) tools/module_edges.py  # no private name borrowed from another module
 	@mkdir -p var
 	$(PY) manage.py spectacular --validate --fail-on-warn --file var/openapi.check.yaml
 	@diff -u docs/openapi.yaml var/openapi.check.yaml > var/openapi.diff || { \
@@ -112,6 +113,7 @@ test-js: $(STAMP) $(JS_STAMP)
 
 check-js: $(JS_STAMP)
 	cd sdk-js && npx tsc --noEmit -p tsconfig.json
+	$(PYTHON) tools/module_edges.py --ts sdk-js/src  # no circle between the SDK's files
 
 bench-js: $(STAMP) $(JS_STAMP)
 	$(PY) sdk-js/test/server.py -- npm --prefix sdk-js run bench --silent

@@ -190,7 +190,7 @@ class ApprovalRequest(models.Model):
                    observations: list[dict[str, Any]] | None = None,
                    why: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The new request's fields (`open_for` saves them; the fast approval path writes them in its
-        one statement, lifecycle/fastapproval.py)."""
+        one statement, lifecycle/intercept/two_statements.py)."""
         org = session.org
         timeout_s = tool.approval_timeout_s or org.approval_timeout_s
         auto = tool.auto_approve_on_timeout

@@ -20,9 +20,8 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from approvals import events, slack
-from approvals.models import ApprovalRequest, OrgWebhook
+from approvals.models import ApprovalRequest, OrgWebhook, SlackMessage
 from core import faults
-from core.enqueue import enqueue
 from deliveries.models import Delivery
 from orgs.models import Event, Membership, Recorded, event_recorded, events_recorded
 
@@ -144,10 +143,7 @@ def _dispatch(event: Event, payload: events.EventPayload, rows: list[Delivery] |
             row.enqueue_after_commit()
         message = _slack_message(event) if slack_due else None
         if message is not None:
-            # Imported here: approvals.tasks imports this module (its tasks call notify).
-            from approvals import tasks
-
-            transaction.on_commit(lambda: enqueue(tasks.sync_slack, str(message.pk)))
+            transaction.on_commit(lambda: slack.message_due.send(sender=SlackMessage, message_id=str(message.pk)))
         transaction.on_commit(lambda: events.publish(event.org_id, event.kind, payload))
     return rows
 

@@ -41,7 +41,7 @@ from typing import Any
 from django.db import connection
 
 from effects import outputs
-from effects.models import Effect, SafeCall, Tier, Tool
+from effects.models import Effect, RunFingerprint, SafeCall, Tier, Tool
 
 FUNCTIONS = frozenset({"tainted", "requested", "read_untrusted", "asked", "window", "count", "sum", "emails", "urls",
                        "hosts", "lower", "domain"})
@@ -65,18 +65,18 @@ def duration(text: Any) -> timedelta:
 
 
 def emails(text: Any) -> list[str]:
-    return list(dict.fromkeys(outputs._EMAIL.findall(str(text).lower())))
+    return list(dict.fromkeys(outputs.EMAIL.findall(str(text).lower())))
 
 
 def urls(text: Any) -> list[str]:
-    return list(dict.fromkeys(u.rstrip(outputs._TRAILING) for u in outputs._URL.findall(str(text).lower())))
+    return list(dict.fromkeys(u.rstrip(outputs.TRAILING) for u in outputs.URL.findall(str(text).lower())))
 
 
 def hosts(text: Any) -> list[str]:
     lowered = str(text).lower()
-    found = [e.rsplit("@", 1)[1] for e in outputs._EMAIL.findall(lowered)]
+    found = [e.rsplit("@", 1)[1] for e in outputs.EMAIL.findall(lowered)]
     found += [re.sub(r"^https?://", "", u).split("/", 1)[0].split(":", 1)[0] for u in urls(lowered)]
-    found += [m.group(0) for m in outputs._HOST.finditer(lowered)]
+    found += [m.group(0) for m in outputs.HOST.finditer(lowered)]
     return list(dict.fromkeys(h.removeprefix("www.") for h in found))
 
 
@@ -89,7 +89,7 @@ addresses = outputs.addresses
 
 
 def _words(text: str) -> str:
-    return " ".join(outputs._WORD.findall(text.lower()))
+    return " ".join(outputs.WORD.findall(text.lower()))
 
 
 def _given(value: Any, said: list[str]) -> bool:
@@ -157,7 +157,7 @@ class RunView:
 
     def taint(self) -> outputs.RunTaint:
         if self._taint is None:
-            self._taint = outputs.RunTaint.load(self.session.pk, before_step=self.step_index)
+            self._taint = outputs.RunTaint.of(RunFingerprint.rows(self.session.pk, before_step=self.step_index))
         return self._taint
 
     def tainted(self, value: Any) -> bool:

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -42,6 +43,11 @@ from core.errors import DomainError
 from orgs.models import Event, Membership
 
 log = logging.getLogger(__name__)
+
+# A message row out of step with its request was written (`message_id`), sent after commit: its
+# receiver (approvals/apps.py) enqueues `tasks.sync_slack`, whose module imports the fan-out that
+# sends this. Lost, it loses nothing: `sweep_slack` finds rows not in step.
+message_due = Signal()
 
 APPROVE, REJECT, REJECT_MODAL = "undolog_approve", "undolog_reject", "undolog_reject_reason"
 MAX_ARGS_SHOWN = 2500  # a section's text is at most 3000 characters

@@ -64,6 +64,11 @@ def sync_slack(message_id: str) -> str:
     return slack.sync(message_id)
 
 
+def on_slack_message_due(sender, message_id: str, **kwargs) -> None:
+    """`slack.message_due`, sent after the commit that wrote a message row out of step."""
+    enqueue(sync_slack, message_id)
+
+
 @shared_task(ignore_result=True)
 def sweep_slack() -> int:
     """Messages not posted, or showing a state their request has left (a lost task, Slack down)."""

@@ -139,11 +139,12 @@ def _policy(org, agents, user, *, events: int) -> None:
 def _failed_walks(org, agent, send, failures: int) -> None:
     """`failures` compensations waiting for a person, each with three failed attempts."""
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
-    from lifecycle import intercept as pipeline
+    from lifecycle.intercept import call as calls
+    from lifecycle.intercept import pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, failures + 1):
-        call = pipeline.parse({"tool": "send_email", "args": {"to": f"failed{step}@example.com"}, "step_index": step})
+        call = calls.parse({"tool": "send_email", "args": {"to": f"failed{step}@example.com"}, "step_index": step})
         answer = pipeline.intercept(agent, session.id, call)
         Effect.objects.get(pk=answer.body["effect"]["id"]).commit({"message_id": f"f-{step}"}, actor="agent:bench")
     entries = list(UndoEntry.objects.filter(session=session))
@@ -160,11 +161,12 @@ def _rich_session(org, agent, send, delete):
     from approvals.models import ApprovalRequest
     from budgets.models import Refusal
     from effects.models import Effect, Session, UndoAttempt, UndoEntry
-    from lifecycle import intercept as pipeline
+    from lifecycle.intercept import call as calls
+    from lifecycle.intercept import pipeline
 
     session = Session.objects.create(org=org, agent=agent)
     for step in range(1, STEPS_IN_SESSION, 2):
-        call = pipeline.parse({"tool": "send_email", "args": {"to": f"user{step}@example.com"}, "step_index": step + 1,
+        call = calls.parse({"tool": "send_email", "args": {"to": f"user{step}@example.com"}, "step_index": step + 1,
                                "reasoning": f"Step {step}: tell the owner.",
                                "safe_calls": [{"tool": "list_inactive_accounts", "step_index": step}]})
         answer = pipeline.intercept(agent, session.id, call)
@@ -176,7 +178,7 @@ def _rich_session(org, agent, send, delete):
                    reason="budget limit max_irreversible_per_run reached (1 > 0)", session_id=session.id,
                    step_index=STEPS_IN_SESSION + 1, args={"account_id": "acct-refused"},
                    limit="max_irreversible_per_run")
-    call = pipeline.parse({"tool": "delete_account", "args": {"account_id": "acct-rich"},
+    call = calls.parse({"tool": "delete_account", "args": {"account_id": "acct-rich"},
                            "step_index": STEPS_IN_SESSION + 2, "reasoning": "Inactive."})
     pipeline.intercept(agent, session.id, call)
     assert ApprovalRequest.objects.filter(session=session).exists()

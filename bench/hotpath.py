@@ -113,16 +113,16 @@ class Kinds:
 
     @staticmethod
     def by_pipeline(op: Callable[[], int]) -> Callable[[], int]:
-        """`op` with the fast approval path off (lifecycle/fastapproval.py): the pipeline answers, as
+        """`op` with the fast approval path off (lifecycle/intercept/two_statements.py): the pipeline answers, as
         before issue 26, in the same run."""
-        from lifecycle import fastapproval
+        from lifecycle.intercept import two_statements
 
         def slow() -> int:
-            fast, fastapproval.intercept = fastapproval.intercept, lambda *args: None
+            fast, two_statements.intercept = two_statements.intercept, lambda *args: None
             try:
                 return op()
             finally:
-                fastapproval.intercept = fast
+                two_statements.intercept = fast
 
         slow.__name__ = f"{op.__name__} (pipeline)"
         return slow

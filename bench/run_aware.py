@@ -11,7 +11,7 @@ holds it, so every org does the same writes, and the run-aware rule takes its lo
 `tainted()` finds the token, `requested()` finds the user's word in an argument and traces the
 token to a read the user did not name), and a compensable mail to an address the read did not
 carry (no rule holds it: it runs, its undo entry pushed). Every call takes the fast approval path
-(lifecycle/fastapproval.py: one read that brings the run's fingerprints, one write that records
+(lifecycle/intercept/two_statements.py: one read that brings the run's fingerprints, one write that records
 the read, its fingerprints and the call); the bench fails if one does not. Rounds alternate
 between the orgs; the report also counts each request's SQL statements, and times `rules.decide`
 alone (wall and CPU), where the difference is not lost in the request's noise: as the fast path
@@ -175,13 +175,13 @@ def main(argv: list[str] | None = None) -> dict:
 def deciding(name: str, own_read: bool):
     from approvals import rules
     from effects import outputs
-    from effects.models import Effect
+    from effects.models import Effect, RunFingerprint
 
     effect = (Effect.objects.filter(org__slug=f"bench-runaware-{name.replace(' ', '-')}",
                                     tool_name="send_message").select_related(
         "session__agent", "session__org", "tool").latest("created"))
     session, agent, org = effect.session, effect.session.agent, effect.session.org
-    rows = [tuple(row) for row in outputs._rows(session.pk, effect.step_index)]
+    rows = [tuple(row) for row in RunFingerprint.rows(session.pk, effect.step_index)]
     # The fast path builds the taint only for an org whose rules read it (not the plain rule's).
     reads_taint = any(r.reads & {"tainted", "requested", "read_untrusted"} for r in rules.rules_of(org))
 

@@ -291,7 +291,9 @@ class IncidentView(OrgScopedAPIView):
 # ---------------------------------------------------------------- refusals and events
 
 
-def _moment(request: Request, name: str) -> dt.datetime | None:
+def moment(request: Request, name: str) -> dt.datetime | None:
+    """The query parameter `name` as an aware datetime (ISO 8601, a naive one read as UTC), None when
+    absent; 400 when it is not one."""
     raw = request.query_params.get(name)
     if not raw:
         return None
@@ -332,7 +334,7 @@ class StreamView(OrgScopedAPIView):
         session = _uuid(self.request, "session")
         if session:
             rows = rows.filter(session_id=session)
-        since, until = _moment(self.request, "since"), _moment(self.request, "until")
+        since, until = moment(self.request, "since"), moment(self.request, "until")
         if since:
             rows = rows.filter(created__gte=since)
         if until:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Call(Protocol):
-    """What the guard reads of the intercept's call (`lifecycle.intercept.Call`, a layer above)."""
+    """What the guard reads of the intercept's call (`lifecycle.intercept.call.Call`, a layer above)."""
 
     step_index: int
     args: dict
@@ -123,7 +123,7 @@ def admit(session: Session, tool: Tool, call: Call) -> dict[str, Any] | None:
 
 def exceeds(session: Session, tool: Tool, limits: Limits) -> bool:
     """Whether the call would break a run limit or a per-tool cap (no query): the fast approval
-    path (lifecycle/fastapproval.py) leaves such a call to `admit`'s refusal in the pipeline."""
+    path (lifecycle/intercept/two_statements.py) leaves such a call to `admit`'s refusal in the pipeline."""
     return _run_exceeded(session, tool, _usage_of(tool), limits) is not None
 
 

@@ -13,8 +13,8 @@ from django.http.request import RawPostDataException
 
 from core import metrics, tracing
 
-# The compensable fast path answers only these two (lifecycle/fastpath.py); the fast approval path
-# (lifecycle/fastapproval.py) names its tier and decision on the response (`undolog_outcome`).
+# The compensable fast path answers only these two (lifecycle/intercept/one_statement.py); the fast approval path
+# (lifecycle/intercept/two_statements.py) names its tier and decision on the response (`undolog_outcome`).
 _FAST = {201: "execute", 200: "replay"}
 
 

@@ -2,7 +2,7 @@
 
 curl prints a body as it is: without the newline, two answers pasted one after the other run
 together (`}{`) and a shell prompt lands on the end of the JSON. JSON parsers ignore the
-trailing whitespace. The fast path (`lifecycle/fastpath.py`) ends its answers the same way, so a
+trailing whitespace. The fast path (`lifecycle/intercept/one_statement.py`) ends its answers the same way, so a
 client never sees which path answered."""
 
 from __future__ import annotations

@@ -10,11 +10,16 @@ from typing import Any
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F, Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from core import retry
-from core.enqueue import enqueue
 from orgs.models import Agent, Event, Organization
+
+# A delivery row to send now (`delivery_id`, and a short `countdown` for a retry), sent after the
+# commit that wrote or rescheduled it: its receiver (deliveries/apps.py) enqueues `tasks.deliver`,
+# whose module imports these models. Lost, it loses nothing: the sweep finds rows due and unheld.
+delivery_due = Signal()
 
 
 def _unheld(now) -> Q:
@@ -110,10 +115,7 @@ class Delivery(models.Model):
         return f"{self.purpose} {self.kind} → {self.url or 'email'} ({self.state})"
 
     def enqueue_after_commit(self) -> None:
-        # Imported here: deliveries.tasks imports these models (and send, which does too).
-        from deliveries import tasks
-
-        transaction.on_commit(lambda: enqueue(tasks.deliver, str(self.pk)))
+        transaction.on_commit(lambda: delivery_due.send(sender=Delivery, delivery_id=str(self.pk)))
 
     @property
     def secret(self) -> str | list[str]:

@@ -19,8 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import metrics, outbound
-from core.enqueue import enqueue
-from deliveries.models import Delivery, DeliveryAttempt
+from deliveries.models import Delivery, DeliveryAttempt, delivery_due
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +114,5 @@ def _settle(delivery: Delivery, number: int, started, result: outbound.Delivery,
 
 
 def _enqueue(delivery_id, countdown: float) -> None:
-    # Imported here: deliveries.tasks imports this module (its task runs deliver()).
-    from deliveries import tasks
-
     # Short countdowns only (<= 1 h, the broker's visibility timeout); the row has the time too.
-    enqueue(tasks.deliver, str(delivery_id), countdown=min(countdown, Delivery.MAX_BACKOFF_S))
+    delivery_due.send(sender=Delivery, delivery_id=str(delivery_id), countdown=min(countdown, Delivery.MAX_BACKOFF_S))

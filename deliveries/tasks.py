@@ -26,6 +26,11 @@ def deliver(delivery_id: str) -> str:
     return send.run(delivery_id)
 
 
+def on_delivery_due(sender, delivery_id: str, countdown: float | None = None, **kwargs) -> None:
+    """`models.delivery_due`, sent after the commit that wrote a row or set its retry's time."""
+    enqueue(deliver, delivery_id, countdown=countdown)
+
+
 @shared_task(ignore_result=True)
 def sweep() -> int:
     """Re-enqueue deliveries that are due but unheld past the grace: their message was lost."""

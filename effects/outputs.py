@@ -6,7 +6,8 @@ run, in text others wrote (a tool labelled `untrusted`), before trusted text vou
 each output is cut into **tokens** (email addresses, URLs and their hosts, IBAN- or id-like runs
 of >= 8 letters and digits, numbers of >= 6 digits) and **whole values** (a string of >= 4
 characters, case and runs of whitespace ignored), and only a keyed 63-bit hash of each is kept
-(`RunFingerprint`), in the request that brought the output. The raw output is gone with it.
+(`RunFingerprint`, which writes and reads its rows), in the request that brought the output. The
+raw output is gone with it. This module cuts and hashes; it reads and writes no row.
 
 Untrusted text: the whole output of a tool labelled `untrusted`, or, when the tool names
 `untrusted_fields`, the values under those keys (wherever they occur); and, in any output but the
@@ -50,11 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Sum
-
-from core import prepared
-from effects.models import RunFingerprint
 
 UNTRUSTED = "untrusted"
 FULL = "__full__"  # the tool name of the marker row of a run past its bound
@@ -65,16 +61,16 @@ PROSE = 200  # a string in a trusted output past this (or over several lines) is
 # date) is shorter; a channel named "External_Send a link www.x.com to Alice." is someone's prose.
 PROSE_WORDS = 6
 
-_EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
-_URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
+EMAIL = re.compile(r"[a-z0-9][a-z0-9._%+-]*@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}")
+URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'()\[\]{}]+")
 # A bare host (no scheme): a name with a common top-level domain, so file names (report.pdf) are not hosts.
-_HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
+HOST = re.compile(r"(?<![@\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|org|net|io|co|ai|dev|app|info|biz|"
                    r"xyz|me|us|uk|de|fr|eu|ru|cn|ch|nl|it|es|be|ly|to|site|online|link|click|top)\b")
 _ALNUM = re.compile(r"[a-z0-9]{8,}")
 _DIGITS = re.compile(r"\d{6,}")
 _SPACE = re.compile(r"\s+")
-_WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
-_TRAILING = ".,;:!?"
+WORD = re.compile(r"[a-z0-9][a-z0-9_.@/-]*[a-z0-9]|[a-z0-9]")
+TRAILING = ".,;:!?"
 # Prose (issue 38): capitalised words, sentence starts, quoted strings, plain words for arguments' phrases.
 _CAPITALISED = re.compile(r"[A-Z][\w'’&-]*")
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;\n\"“”(\[]|\s-)\s*$")
@@ -113,13 +109,13 @@ def tokens_of(text: str) -> list[str]:
         found.append(whole)
     # An address, not its domain: that some untrusted text named a gmail.com address says nothing
     # of every other gmail.com address.
-    found.extend(_EMAIL.findall(lowered))
-    for url in _URL.findall(lowered):
-        url = url.rstrip(_TRAILING)
+    found.extend(EMAIL.findall(lowered))
+    for url in URL.findall(lowered):
+        url = url.rstrip(TRAILING)
         found.append(url)
         host = re.sub(r"^(?:https?://)", "", url).split("/", 1)[0].split(":", 1)[0]
         found.extend((host, host.removeprefix("www.")))
-    for match in _HOST.finditer(lowered):
+    for match in HOST.finditer(lowered):
         host = match.group(0)
         found.extend((host, host.removeprefix("www.")))
     for run in _ALNUM.findall(lowered):
@@ -186,7 +182,7 @@ def arg_phrases(text: str) -> list[str]:
     plain words of its first `ARG_WORDS` words (a lone word of >= 4 characters), longest first."""
     # An address or URL is a token of its own (`tokens_of`): its parts are no one's prose
     # ("david.lee@x.com" carries no name "david lee").
-    text = _URL.sub(" ", _EMAIL.sub(" ", text.lower()))
+    text = URL.sub(" ", EMAIL.sub(" ", text.lower()))
     words = _plain(text)[:ARG_WORDS]
     found = [" ".join(words)] if len(words) > PHRASE_WORDS and len(text) <= MAX_WHOLE else []
     for n in range(PHRASE_WORDS, 0, -1):  # the longest first: `why` names the whole phrase
@@ -265,7 +261,7 @@ def phrases_of(value: Any, longest: int = 4) -> set[int]:
     found = set()
     key = _key()
     for text in strings_in(value):
-        words = _WORD.findall(text.lower())
+        words = WORD.findall(text.lower())
         for n in range(1, longest + 1):
             for i in range(len(words) - n + 1):
                 phrase = " ".join(words[i:i + n])
@@ -293,12 +289,12 @@ def prose_of(parts: Iterable[Any]) -> tuple[list[str], list[Any]]:
 # (the common top-level domains). Neither may go on ("dora.com.evil.example" names neither).
 _END = r"(?![\w-]|\.\w)"
 _FILE = re.compile(r"(?<![\w.@/-])[a-z0-9_][a-z0-9_.-]*\.[a-z][a-z0-9]{0,4}" + _END)
-_BARE_HOST = re.compile(_HOST.pattern + _END)
+_BARE_HOST = re.compile(HOST.pattern + _END)
 
 
 def _address(text: str) -> str:
     """An address as compared: no scheme, no leading `www.`, no trailing slash or punctuation."""
-    text = re.sub(r"^https?://", "", text.rstrip(_TRAILING)).removeprefix("www.")
+    text = re.sub(r"^https?://", "", text.rstrip(TRAILING)).removeprefix("www.")
     return text.rstrip("/")
 
 
@@ -309,7 +305,7 @@ def addresses(value: Any) -> set[str]:
     found: set[str] = set()
     for text in strings_in(value):
         rest = text.lower()
-        for pattern in (_EMAIL, _URL):
+        for pattern in (EMAIL, URL):
             found.update(_address(m) for m in pattern.findall(rest))
             rest = pattern.sub(" ", rest)
         found.update(_address(m.group(0)) for m in _BARE_HOST.finditer(rest))
@@ -387,28 +383,7 @@ class Bound:
         return Prints(found.step_index, FULL, [], [], None)
 
 
-def record(session_id: Any, step_index: int, tool_name: str, output: Any, **how: Any) -> None:
-    """Keep the fingerprints of one output of the run (in the caller's transaction), within the
-    run's bound (`prints_of_output` says what `how` may say)."""
-    found = prints_of_output(step_index, tool_name, output, **how)
-    if found is not None:
-        keep(session_id, found)
-
-
-def keep(session_id: Any, found: Prints) -> None:
-    """Write one output's fingerprints, or the run's full marker past its bound (once)."""
-    kept = Bound(_kept(session_id)).admit(found)
-    if kept.tool_name == FULL and RunFingerprint.objects.filter(session_id=session_id, tool_name=FULL).exists():
-        return
-    RunFingerprint.objects.create(session_id=session_id, step_index=kept.step_index, tool_name=kept.tool_name,
-                                  tainted=kept.tainted, vouched=kept.vouched, size=kept.size, named=kept.named)
-
-
-def _kept(session_id: Any) -> int:
-    return RunFingerprint.objects.filter(session_id=session_id).aggregate(n=Sum("size"))["n"] or 0
-
-
-# ---------------------------------------------------------------- reading them back
+# ---------------------------------------------------------------- reading them back (`RunFingerprint.rows`)
 
 
 @dataclass(frozen=True)
@@ -438,10 +413,6 @@ class RunTaint:
     # Each string's (token, fingerprint)s, cut and hashed once however many functions ask (the
     # intercept's `tainted(args) && !requested(args)` asks three times of the same args).
     _prints: dict[str, list[tuple[str, int]]] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def load(cls, session_id: Any, before_step: int | None = None) -> RunTaint:
-        return cls.of(_rows(session_id, before_step))
 
     @classmethod
     def of(cls, rows: Iterable[tuple[int, str, Any, Any, bool | None]]) -> RunTaint:
@@ -503,35 +474,6 @@ class RunTaint:
             for token, fp in self.prints(text):
                 found.extend((token, source) for source in self.sightings.get(fp, ()))
         return found
-
-_SQL: dict[tuple[str, bool], str] = {}
-
-
-def _rows(session_id: Any, before_step: int | None) -> list[tuple[int, str, Any, Any, bool | None]]:
-    """(step, tool, tainted, vouched, named) of a run's fingerprint rows before `before_step`,
-    in order: one statement, written out once per backend (on the intercept, the ORM's compilation
-    cost ~0.7 ms of CPU: bench/run_aware.py). JSON is left as read (text on both backends)."""
-    db = connections[DEFAULT_DB_ALIAS]  # the proxy's every attribute is a context-local lookup
-    session = RunFingerprint._meta.get_field("session").target_field.get_db_prep_value(session_id, db)
-    key = (db.vendor, before_step is not None)
-    sql = _SQL.get(key)
-    if sql is None:
-        sql = _SQL[key] = _statement(before_step is not None)
-    params: list[Any] = [session] if before_step is None else [session, before_step]
-    if db.vendor == "postgresql":
-        return prepared.rows(db, sql, params)
-    with db.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-def _statement(bounded: bool) -> str:
-    quote = connection.ops.quote_name
-    fp = {f.name: quote(f.column) for f in RunFingerprint._meta.concrete_fields}
-    before = f" AND {fp['step_index']} < %s" if bounded else ""
-    return (f"SELECT {fp['step_index']}, {fp['tool_name']}, {fp['tainted']}, {fp['vouched']}, "
-            f"{fp['named']} FROM {quote(RunFingerprint._meta.db_table)} WHERE {fp['session']} = %s{before} "
-            f"ORDER BY {fp['step_index']}, {fp['id']}")
 
 
 def _json(value: Any) -> Any:

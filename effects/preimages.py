@@ -35,7 +35,7 @@ import hashlib
 import json
 from typing import Any
 
-from effects.templates import ANY_PLACEHOLDER, _parse, _strings
+from effects.templates import ANY_PLACEHOLDER, parse_path, template_strings
 
 OVER_BOUND = ("hold", "refuse")
 DEFAULT_MAX_BYTES = 256 * 1024  # the SDKs' default too
@@ -112,9 +112,9 @@ def _call_problems(call: Any, where: str, roots: tuple[str, ...]) -> dict[str, s
 def _roots(template: Any, where: str, allowed: tuple[str, ...]) -> dict[str, str]:
     """A template may read the call's args and the `allowed` roots; never the result (a before
     read runs before there is one) nor a pre-image it cannot have yet."""
-    for text in _strings(template):
+    for text in template_strings(template):
         for name in ANY_PLACEHOLDER.findall(text):
-            root = _parse(name)[0]
+            root = parse_path(name)[0]
             if root == "result" or (root == "before" and "before" not in allowed):
                 return {where: f"{{{name}}} cannot be read here: only the call's args"
                                + (" and {before…}" if allowed else "") + "."}

@@ -46,20 +46,21 @@ _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\*|\d+)\]")
 ALL = object()  # the `[*]` step
 
 
-def _strings(template: Any):
+def template_strings(template: Any):
+    """Every string inside a template (a string, or any string inside a list or map), depth first."""
     if isinstance(template, dict):
         for value in template.values():
-            yield from _strings(value)
+            yield from template_strings(value)
     elif isinstance(template, list):
         for value in template:
-            yield from _strings(value)
+            yield from template_strings(value)
     elif isinstance(template, str):
         yield template
 
 
 def _paths(template: Any) -> list[str]:
     """The placeholders of a template that are more than a plain `{name}` (dots or brackets)."""
-    return [name for text in _strings(template) for name in ANY_PLACEHOLDER.findall(text)
+    return [name for text in template_strings(template) for name in ANY_PLACEHOLDER.findall(text)
             if not name.isidentifier()]
 
 
@@ -67,7 +68,7 @@ def needs_result(template: Any, args: dict | None = None) -> bool:
     """Whether a template is rendered at commit rather than at intercept: it reads the committed
     result (`{result.number}`), or it reads `args` along a path they do not have (so that the
     commit, strictly, sends the entry to a person with the reason)."""
-    if any(RESULT_PLACEHOLDER.search(text) for text in _strings(template)):
+    if any(RESULT_PLACEHOLDER.search(text) for text in template_strings(template)):
         return True
     try:
         for name in _paths(template):
@@ -77,7 +78,8 @@ def needs_result(template: Any, args: dict | None = None) -> bool:
     return False
 
 
-def _parse(name: str) -> tuple[str, list[Any]]:
+def parse_path(name: str) -> tuple[str, list[Any]]:
+    """A placeholder's path (`result.items[*].id`) as its root name and its steps (keys, indexes, `*`)."""
     root = re.match(r"[A-Za-z_][A-Za-z0-9_]*", name).group(0)
     steps: list[Any] = []
     for key, index in _STEP.findall(name[len(root):]):
@@ -118,7 +120,7 @@ def _walk(value: Any, steps: list[Any], name: str, where: str) -> Any:
 
 
 def _lookup(name: str, args: dict, result: Any) -> Any:
-    root, steps = _parse(name)
+    root, steps = parse_path(name)
     if root == "result":
         return _walk(result, steps, name, "the result")
     if root not in args:
@@ -142,7 +144,7 @@ def render_template(template: Any, args: dict) -> Any:
     whole = PLACEHOLDER.match(template)
     if whole and whole.group(1) in args:
         return args[whole.group(1)]
-    if all(_parse(name)[0] == "result" for name in _paths(template)):
+    if all(parse_path(name)[0] == "result" for name in _paths(template)):
         return render_text(template, args)
     try:
         return render_with_result(template, args, None)

@@ -22,13 +22,15 @@ from budgets.bodies import budget_body
 from core.errors import DomainError, Invalid, NotFound
 from core.schema import errors, ok
 from core.validation import StrictSerializer, StringField, validated
-from effects import longpoll, outputs, shapes
-from effects.models import Effect, Session, Tier, UndoEntry, canonical_json
-from lifecycle import claims, fastpath, rollback
-from lifecycle import intercept as pipeline
+from effects import longpoll, shapes
+from effects.models import Effect, RunFingerprint, Session, Tier, UndoEntry, canonical_json
+from lifecycle import claims, rollback
 from lifecycle import rewind as rewinds
 from lifecycle import shapes as run_shapes
 from lifecycle.examples import BUDGET_REFUSAL, COMMITTED, INTERCEPT_EXAMPLES
+from lifecycle.intercept import call as calls
+from lifecycle.intercept import pipeline
+from lifecycle.intercept.config import OrgConfig
 from orgs.auth import (
     IsAdmin,
     IsAgent,
@@ -176,7 +178,7 @@ class SessionViewSet(OrgScopedViewSet):
             session = Session.objects.create(org=agent.org, agent=agent, metadata=data["metadata"],
                                              inputs=data["inputs"], started_by=data["started_by"].strip(),
                                              on_idle=data["on_idle"])
-            outputs.record(session.id, 0, "inputs", data["inputs"], inputs=True)  # trusted: its values vouch
+            RunFingerprint.record(session.id, 0, "inputs", data["inputs"], inputs=True)  # trusted: its values vouch
         return Response(session_dict(session), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Read a session with its effects, undo stack and budget", tags=["sessions"],
@@ -218,18 +220,18 @@ class SessionViewSet(OrgScopedViewSet):
         examples=INTERCEPT_EXAMPLES)
     @action(detail=True, methods=["post"])
     def intercept(self, request: Request, pk: str) -> Response:
-        call = pipeline.parse(request.data)
+        call = calls.parse(request.data)
         agent = self.caller.agent
         answer = pipeline.intercept(agent, self.lookup_value(), call)
         if Agent.org.is_cached(agent):
             # The org's config as the key's load read it, no query: a tool registered since this
             # process cached the config is not in it, and its calls would come here until the
             # next fast call of another tool noticed the version. Reloaded on the next call.
-            fastpath.OrgConfig.forget(agent.org_id, agent.org.config_version)
+            OrgConfig.forget(agent.org_id, agent.org.config_version)
         return Response(answer.body, status=answer.status)
 
     def _charge_last_safe_calls(self, request: Request, pk: str, raw) -> None:
-        reported = pipeline.parse_safe_calls(raw)
+        reported = calls.parse_safe_calls(raw)
         if reported and self.caller.agent:
             pipeline.report_safe_calls(self.caller.agent, pk, reported)
 

@@ -6,7 +6,7 @@ The walk still decides the order: it reaches such an entry, vets it (its effect 
 args rendered) and sets its `claim_deadline`; only then may the agent side claim it, and only
 while it is the top open entry of its session. A claim is the same guarded UPDATE the worker
 uses (`UndoEntry.claim`), with a lease the claimer asks for; a report is recorded exactly like
-a worker's attempt (`undo._record`): same attempts, backoff and escalation. An entry nobody
+a worker's attempt (`attempts.record`): same attempts, backoff and escalation. An entry nobody
 claims before its deadline, or whose claim runs out with no retries left, goes to a person.
 """
 
@@ -22,8 +22,8 @@ from django.utils import timezone
 
 from core.errors import Conflict
 from effects import handlers
-from effects.models import CompensationFunction, Effect, PreImage, Session, UndoEntry
-from lifecycle import tasks, undo
+from effects.models import CompensationFunction, Effect, PreImage, Session, UndoEntry, walk_due
+from lifecycle import attempts
 from orgs.models import Agent
 
 ACTOR = "agent-side"
@@ -59,7 +59,7 @@ def wait_for_claimer(entry: UndoEntry, now: datetime) -> datetime | None:
     with transaction.atomic():
         if entry.move({UndoEntry.State.PENDING}, UndoEntry.State.COMPENSATION_FAILED, attempt=entry.attempts,
                       last_error=error):
-            undo._escalate(entry, error)
+            attempts.escalate(entry, error)
     return None
 
 
@@ -68,14 +68,14 @@ def _lost(entry: UndoEntry, now: datetime) -> datetime | None:
     with transaction.atomic():
         if not entry.retries_left:
             if entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.COMPENSATION_FAILED, attempt=number,
-                          lease_until=None, last_error=undo.LOST_ERROR):
-                undo._log_lost(entry, number, since, now)
-                undo._escalate(entry, undo.LOST_ERROR)
+                          lease_until=None, last_error=attempts.LOST_ERROR):
+                attempts.log_lost(entry, number, since, now)
+                attempts.escalate(entry, attempts.LOST_ERROR)
             return None
         deadline = now + timedelta(seconds=entry.fn.claim_timeout_s)
         if entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.PENDING, attempt=number, lease_until=None,
-                      claim_deadline=deadline, last_error=undo.LOST_ERROR):
-            undo._log_lost(entry, number, since, now)
+                      claim_deadline=deadline, last_error=attempts.LOST_ERROR):
+            attempts.log_lost(entry, number, since, now)
     return deadline
 
 
@@ -111,7 +111,7 @@ def claim(agent: Agent, limit: int, lease_s: int, scopes: Sequence[str] | None =
             if not entry.claim(timedelta(seconds=lease_s)):
                 continue  # another claimer got there first
             if stalled:
-                undo._log_lost(entry, lost, since, now)
+                attempts.log_lost(entry, lost, since, now)
             effect = Effect.objects.select_for_update().get(pk=entry.effect_id)
             if effect.state in Effect.STARTED:
                 effect.start_compensating(f"agent:{agent.name}")
@@ -136,7 +136,7 @@ def report(entry: UndoEntry, ok: bool, error: str, permanent: bool, attempt: int
                              duration_ms=int((now - started).total_seconds() * 1000))
     entry.effect = Effect.objects.get(pk=entry.effect_id)
     before = entry.updated
-    undo._record(entry, number, result)
+    attempts.record(entry, number, result)
     if entry.updated == before:  # fenced out: the lease ran out and someone else holds it now
         raise Conflict("This claim ran out and was taken over; the report does not count.",
                        code="undo_entry_not_claimed", state=entry.state)
@@ -145,7 +145,7 @@ def report(entry: UndoEntry, ok: bool, error: str, permanent: bool, attempt: int
         UndoEntry.objects.filter(pk=entry.pk).update(
             claim_deadline=now + timedelta(seconds=entry.fn.claim_timeout_s))
     session_id = entry.session_id
-    transaction.on_commit(lambda: tasks.enqueue_walk(session_id))
+    transaction.on_commit(lambda: walk_due.send(sender=Session, session_id=session_id))
 
 
 def claim_dict(entry: UndoEntry) -> dict[str, Any]:

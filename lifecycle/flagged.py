@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from effects import handlers
 from effects.models import CompensationFunction, Effect, Session, UndoAttempt, UndoEntry
-from lifecycle import undo
+from lifecycle import attempts
 from orgs.models import Event
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def undo_one(entry_id: uuid.UUID | str) -> datetime | None:
         return entry.next_attempt_at
     if entry.state == UndoEntry.State.RUNNING and not entry.retries_left:
         return None  # a stalled last attempt: left to a person (compensation_failed by hand)
-    number = undo._claim(entry, now)
+    number = attempts.claim(entry, now)
     if number is None:
         return None
     return _record(entry, number, handlers.run(entry, entry.fn, number))
@@ -91,20 +91,20 @@ def _record(entry: UndoEntry, number: int, result: handlers.Result) -> datetime 
         effect = Effect.objects.select_for_update().get(pk=entry.effect_id)
         if result.ok:
             if entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.COMPENSATED, attempt=number, **fields):
-                undo._log(entry, number, started, result, UndoAttempt.Outcome.SUCCESS)
+                attempts.log_attempt(entry, number, started, result, UndoAttempt.Outcome.SUCCESS)
                 if effect.state in (Effect.State.COMPENSATING, Effect.State.COMPENSATION_FAILED):
                     effect.mark_compensated(ACTOR, reason="a reviewer rejected the flagged call")
             return None
         if not result.permanent and entry.retries_left:
-            delay = undo.backoff_ms(entry.attempts_in_round, entry.retry_backoff_ms)
+            delay = attempts.backoff_ms(entry.attempts_in_round, entry.retry_backoff_ms)
             at = now + timedelta(milliseconds=delay)
             if entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.PENDING, attempt=number, next_attempt_at=at,
                           **fields):
-                undo._log(entry, number, started, result, UndoAttempt.Outcome.RETRY, retry_delay_ms=delay)
+                attempts.log_attempt(entry, number, started, result, UndoAttempt.Outcome.RETRY, retry_delay_ms=delay)
             return at
         if entry.move({UndoEntry.State.RUNNING}, UndoEntry.State.COMPENSATION_FAILED, attempt=number, **fields):
             outcome = UndoAttempt.Outcome.PERMANENT if result.permanent else UndoAttempt.Outcome.RETRY
-            undo._log(entry, number, started, result, outcome)
+            attempts.log_attempt(entry, number, started, result, outcome)
             if effect.state == Effect.State.COMPENSATING:
                 effect.mark_compensation_failed(ACTOR, reason=result.error[:2000])
             session = Session.objects.select_related("org", "agent").get(pk=entry.session_id)

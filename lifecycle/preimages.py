@@ -33,13 +33,15 @@ from rest_framework.response import Response
 
 from approvals import notify
 from approvals.models import ApprovalRequest
+from core import prepared
 from core.errors import Conflict
 from core.schema import errors
 from core.seal import seal
 from core.validation import StrictSerializer, validated
 from effects import preimages
 from effects.models import Effect, PreImage, Session, UndoEntry
-from lifecycle import fastpath
+from lifecycle.intercept.config import OrgConfig
+from lifecycle.intercept.sql import live_key
 from orgs.auth import IsAgent
 from orgs.views import OrgScopedAPIView
 
@@ -223,7 +225,7 @@ WITH e AS (
     JOIN effects_undoentry u ON u.effect_id = e.id
     JOIN effects_tool t ON t.id = e.tool_id
     WHERE e.id = %(effect)s AND s.agent_id = %(agent)s AND e.state = 'executing' AND t.pre_image IS NOT NULL
-      AND k.id = %(key)s AND {fastpath._live('k')}
+      AND k.id = %(key)s AND {live_key('k')}
       AND NOT EXISTS (SELECT 1 FROM effects_preimage p WHERE p.entry_id = u.id)
 ), run AS (
     SELECT s.id FROM effects_session s JOIN e ON s.id = e.session_id FOR UPDATE OF s
@@ -249,11 +251,11 @@ def fast_keep(request, effect_id: str):
     import re
     import uuid
 
-    from lifecycle.fastpath import _json_body, _remembered_key, _respond
+    from lifecycle.intercept.wire import json_body, remembered_key, respond
     from orgs.models import AgentKey
 
-    key = _remembered_key(request)
-    data = _json_body(request) if key is not None else None
+    key = remembered_key(request)
+    data = json_body(request) if key is not None else None
     if not isinstance(data, dict) or set(data) - _FAST_FIELDS:
         return None
     absent, after = data.get("absent", False), data.get("after_digest", "")
@@ -265,14 +267,14 @@ def fast_keep(request, effect_id: str):
         effect_uuid = uuid.UUID(effect_id)
     except ValueError:
         return None
-    config = fastpath.OrgConfig.of(key.org_id)
+    config = OrgConfig.of(key.org_id)
     refused = config.rate_limited(request, key) if config else None
     if refused is not None:
         return refused
     state = None if absent else data.get("value")
     body = preimages.canonical(state)
     AgentKey.touch_remembered(key)
-    row = fastpath.execute(_KEEP_SQL, {
+    row = prepared.execute(_KEEP_SQL, {
         "effect": effect_uuid, "agent": key.agent_id, "key": key.id, "now": timezone.now(),
         "sealed": seal(preimages.canonical({"value": state})), "size": len(body), "absent": absent,
         "before": preimages.digest(state), "after": after, "default_max": preimages.DEFAULT_MAX_BYTES,
@@ -281,5 +283,5 @@ def fast_keep(request, effect_id: str):
         return None
     digests = {"before_digest": preimages.digest(state), "after_digest": after or None, "size": len(body),
                "absent": absent, "dropped": False}
-    return _respond(201, {"decision": "execute", "effect": {"id": str(effect_uuid), "state": Effect.State.EXECUTING},
-                          "pre_image": digests})
+    return respond(201, {"decision": "execute", "effect": {"id": str(effect_uuid), "state": Effect.State.EXECUTING},
+                         "pre_image": digests})

@@ -10,12 +10,13 @@ one statement, sent concurrently, recorded in one statement. Within each run the
 walk's own (newest first, one entry at a time); across runs there is no order to keep, so the
 rounds overlap the receivers' time instead of paying it run after run.
 
-The rows stay the truth, exactly as for one run's walk (`effects/undo.py`): claims are guarded
-on the state and attempt count, records fenced by the attempt number, and anything but the
-plain case (a retry, an escalation, a stalled claim, an agent- or python-run handler, an entry
-to skip or flag) leaves the fleet walk for the run's own walk, which owns every rule. A worker
-that dies mid-round leaves claimed entries whose leases run out: the undo sweep takes them
-over and sends them again with the same Idempotency-Key.
+The rows stay the truth, exactly as for one run's walk (`lifecycle/undo.py`, built on
+`lifecycle/attempts.py` as this is): claims are guarded on the state and attempt count, records
+fenced by the attempt number, and anything but the plain case (a retry, an escalation, a stalled
+claim, an agent- or python-run handler, an entry to skip or flag) leaves the fleet walk for the
+run's own walk, which owns every rule. A worker that dies mid-round leaves claimed entries whose
+leases run out: the undo sweep takes them over and sends them again with the same
+Idempotency-Key.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from approvals import notify
 from approvals.models import ApprovalRequest
-from core import metrics
+from core import metrics, prepared
 from effects import handlers
 from effects.models import (
     CompensationFunction,
@@ -44,8 +46,9 @@ from effects.models import (
     UndoAttempt,
     UndoEntry,
     announce,
+    walk_due,
 )
-from lifecycle import fastpath, undo
+from lifecycle import attempts
 from orgs.models import Agent, Event
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,10 @@ CHUNK = 50
 # API's (`GET /api/v1/agents/{name}/rollbacks/{id}`), read from the runs themselves.
 SAMPLE = 20
 ENDED = frozenset({Session.State.COMPLETED, Session.State.HALTED})
+# A chunk of runs (`session_ids`) to walk side by side, sent after the rollback commits: its
+# receiver (lifecycle/apps.py) enqueues `tasks.walk_fleet`, whose task imports this module. One
+# run handed to its own walk goes by `effects.models.walk_due`.
+fleet_walk_due = Signal()
 
 
 @dataclass(frozen=True)
@@ -212,14 +219,12 @@ def _move(runs: list[Session], from_state: str, to: str, actor: str, reason: str
 def enqueue_walks(session_ids: list[uuid.UUID]) -> None:
     """After commit: the walks of a rollback's runs. A lost message loses nothing: the runs are
     `compensating`, and the undo sweep finds each one that sits still."""
-    from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
-
-    if not fastpath.available():
+    if not prepared.available():
         for session_id in session_ids:  # SQLite: each run's own walk (one writer at a time anyway)
-            tasks.enqueue_walk(session_id)
+            walk_due.send(sender=Session, session_id=session_id)
         return
     for start in range(0, len(session_ids), CHUNK):
-        tasks.enqueue_fleet_walk(session_ids[start:start + CHUNK])
+        fleet_walk_due.send(sender=Session, session_ids=session_ids[start:start + CHUNK])
 
 
 def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None = None) -> list[uuid.UUID]:
@@ -233,16 +238,14 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
     3. A top entry this round cannot take — anything but a due, pending webhook entry whose
        effect may have acted — sends its run to its own walk (`undo.walk`), which owns every
        other case (skips, flags, stalled claims, backoffs, agent and python handlers).
-    4. Claim the rest in one guarded statement (state and attempt count, as `undo` claims one).
+    4. Claim the rest in one guarded statement (state and attempt count, as `attempts.claim` claims one).
     5. Send their webhooks concurrently, outside any transaction.
     6. Record the successes in one statement, fenced by attempt number, which also reads each of
-       their runs' next top entry (as `undo` does for one). A failure is recorded as the run's own
+       their runs' next top entry (as `attempts.record` does for one). A failure is recorded as the run's own
        walk records it (retry or escalation) and its run leaves for that walk.
     7. Again from 2, until no run is left or the time budget is spent (after one round at least):
        two statements a round.
     """
-    from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
-
     budget = settings.UNDOLOG_UNDO_WALK_BUDGET_S if budget_s is None else budget_s
     stop_at = timezone.now() + timedelta(seconds=budget)
     functions: dict[int, CompensationFunction] = {}
@@ -257,7 +260,7 @@ def walk_fleet(session_ids: Iterable[uuid.UUID | str], *, budget_s: float | None
             if _quick(entry, now):
                 quick.append(entry)
             else:
-                tasks.enqueue_walk(entry.session_id)
+                walk_due.send(sender=Session, session_id=entry.session_id)
         claimed = _claim(quick, now)
         results = handlers.run_webhooks([(entry, entry.fn, number) for entry, number in claimed])
         tops = _record(claimed, results)
@@ -270,7 +273,7 @@ def _tops(session_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, UndoEntry | Non
     """Step 1: (run, its top open entry with its effect) for every run; None for a run with no open
     entry or no longer compensating."""
     rows = _rows(_TOPS, {"sessions": session_ids})
-    return [(row[0], undo._entry_of(row[1:])) for row in rows]
+    return [(row[0], attempts.entry_of(row[1:])) for row in rows]
 
 
 def _finish(session_ids: list[uuid.UUID]) -> None:
@@ -280,7 +283,7 @@ def _finish(session_ids: list[uuid.UUID]) -> None:
     if not session_ids:
         return
     with transaction.atomic():
-        finished = _rows(_FINISH, {"sessions": session_ids, "now": timezone.now(), "actor": undo.ACTOR})
+        finished = _rows(_FINISH, {"sessions": session_ids, "now": timezone.now(), "actor": attempts.ACTOR})
         events = Event.objects.bulk_create(
             Event(org_id=org_id, kind="session.compensated", session_id=pk, data={}) for pk, org_id, _ in finished)
         for pk, org_id, step_index in finished:
@@ -326,7 +329,7 @@ def _claim(entries: list[UndoEntry], now: datetime) -> list[tuple[UndoEntry, int
     rows = _rows(_CLAIM, {"now": now, "entries": [entry.pk for entry in entries],
                           "attempts": [entry.attempts for entry in entries], "leases": leases,
                           "effects": [entry.effect_id for entry in entries], "started": list(Effect.STARTED),
-                          "actor": undo.ACTOR})
+                          "actor": attempts.ACTOR})
     by_id = {row[0]: row[1:] for row in rows}
     claimed = []
     for entry in entries:
@@ -337,7 +340,7 @@ def _claim(entries: list[UndoEntry], now: datetime) -> list[tuple[UndoEntry, int
         entry.state, entry.attempts, entry.claimed_at, entry.lease_until = (
             UndoEntry.State.RUNNING, number, claimed_at, lease_until)
         entry.next_attempt_at, entry.updated = None, now
-        undo._effect_moved(entry.effect, from_state, Effect.State.COMPENSATING, now, effect_state)
+        attempts.effect_moved(entry.effect, from_state, Effect.State.COMPENSATING, now, effect_state)
         claimed.append((entry, number))
     return claimed
 
@@ -346,18 +349,16 @@ def _record(claimed: list[tuple[UndoEntry, int]],
             results: list[handlers.Result]) -> list[tuple[uuid.UUID, UndoEntry | None]]:
     """Step 6: (run, its next top entry or None) for each entry recorded compensated; their runs go
     on to the next round."""
-    from lifecycle import tasks  # tasks imports this module (walk_fleet): a cycle inside lifecycle
-
     done = [(entry, number, result) for (entry, number), result in zip(claimed, results, strict=True) if result.ok]
     for (entry, number), result in zip(claimed, results, strict=True):
         if not result.ok:
-            undo._record(entry, number, result)  # a retry's time or an escalation, in the entry's rows
-            tasks.enqueue_walk(entry.session_id)
+            attempts.record(entry, number, result)  # a retry's time or an escalation, in the entry's rows
+            walk_due.send(sender=Session, session_id=entry.session_id)
     if not done:
         return []
     now = timezone.now()
     rows = _rows(_COMPENSATED, {
-        "now": now, "actor": undo.ACTOR,
+        "now": now, "actor": attempts.ACTOR,
         "entries": [entry.pk for entry, _, _ in done], "attempts": [number for _, number, _ in done],
         "effects": [entry.effect_id for entry, _, _ in done], "sessions": [entry.session_id for entry, _, _ in done],
         "started": [now - timedelta(milliseconds=result.duration_ms) for _, _, result in done],
@@ -367,14 +368,14 @@ def _record(claimed: list[tuple[UndoEntry, int]],
     following = []
     for entry, number, _ in done:
         if entry.pk not in recorded:
-            undo._fenced_out(entry, number)
+            attempts.fenced_out(entry, number)
             continue
         from_state, effect_state, *top = recorded[entry.pk]
         entry.announce(UndoEntry.State.RUNNING, UndoEntry.State.COMPENSATED)
         metrics.compensation(UndoAttempt.Outcome.SUCCESS)
         entry.state, entry.lease_until, entry.updated = UndoEntry.State.COMPENSATED, None, now
-        undo._effect_moved(entry.effect, from_state, Effect.State.COMPENSATED, now, effect_state)
-        following.append((entry.session_id, undo._entry_of(top)))
+        attempts.effect_moved(entry.effect, from_state, Effect.State.COMPENSATED, now, effect_state)
+        following.append((entry.session_id, attempts.entry_of(top)))
     return following
 
 
@@ -384,13 +385,13 @@ def _rows(sql: str, params: dict[str, Any]) -> list[tuple]:
         return cursor.fetchall()
 
 
-# PostgreSQL only (SQLite walks each run on its own). The statements are the ones `undo` runs for
+# PostgreSQL only (SQLite walks each run on its own). The statements are the ones `attempts` runs for
 # one entry, over arrays: unnest() pairs each entry with the values read for it.
 
 _TOPS = f"""
 SELECT wanted.id, top.* FROM unnest(%(sessions)s::uuid[]) AS wanted(id)
 LEFT JOIN LATERAL (
-    SELECT {undo._TOP_COLUMNS} {undo._TOP_FROM.replace("%(session)s", "wanted.id")}
+    SELECT {attempts.TOP_COLUMNS} {attempts.TOP_FROM.replace("%(session)s", "wanted.id")}
     ORDER BY u.step_index DESC, u.created DESC LIMIT 1
 ) top ON true
 """
@@ -409,7 +410,7 @@ WITH finished AS (
 SELECT id, org_id, step_index FROM finished
 """
 
-# As undo._CLAIM: the claim commits without waiting for its WAL flush (a claim lost in a crash
+# As attempts._CLAIM: the claim commits without waiting for its WAL flush (a claim lost in a crash
 # leaves the entry pending, sent again with the same Idempotency-Key); the effects are locked in
 # id order, so two walks locking overlapping sets cannot deadlock.
 _CLAIM = """
@@ -470,8 +471,8 @@ SELECT d.entry, m.from_state, l.state, following.*
 FROM done d LEFT JOIN moved m ON m.id = d.effect LEFT JOIN locked l ON l.id = d.effect
 LEFT JOIN LATERAL (
     -- The run's next top entry, in the statement's snapshot: the one just recorded still looks
-    -- running there, so it is left out (as undo._COMPENSATED reads it for one run).
-    SELECT {undo._TOP_COLUMNS} {undo._TOP_FROM.replace("%(session)s", "d.session")} AND u.id <> d.entry
+    -- running there, so it is left out (as attempts._COMPENSATED reads it for one run).
+    SELECT {attempts.TOP_COLUMNS} {attempts.TOP_FROM.replace("%(session)s", "d.session")} AND u.id <> d.entry
     ORDER BY u.step_index DESC, u.created DESC LIMIT 1
 ) following ON true
 """

@@ -32,38 +32,34 @@ class RewoundEffectDict(TypedDict):
     at: str
 
 
-class RewindPreviewDict(TypedDict, total=False):
-    """What a rewind to `to_step` undoes (newest first), leaves done, withdraws; the step it resumes at.
-    Without a step asked for: the rewind `in_progress` (or null) and the run's `rewinds`."""
+# What a rewind to a step does (`rewind.Plan.as_dict`): written once for the preview and the rewind
+# started, which say it alike. The two are made from it with TypedDict's call form, as neither can
+# inherit it: the preview's fields are all optional (without a step asked for it says something
+# else), the rewind's all required, and the rewind's `session` is the run itself, not its id.
+_PLAN: dict[str, Any] = {
+    "session": str,
+    "to_step": int,
+    "savepoint": str | None,
+    "from_step": int,
+    "resumes_at": int,
+    "to_undo": list[RewoundEffectDict],
+    "left_done": list[RewoundEffectDict],
+    "withdrawn": list[RewoundEffectDict],
+    "counts": dict[str, int],
+}
 
-    in_progress: dict[str, Any] | None
-    rewinds: list[dict[str, Any]]
+RewindPreviewDict = TypedDict("RewindPreviewDict", {
+    "in_progress": dict[str, Any] | None,
+    "rewinds": list[dict[str, Any]],
+    **_PLAN,
+    "irreversible_in_the_way": list[RewoundEffectDict],
+}, total=False)
+RewindPreviewDict.__doc__ = (
+    "What a rewind to `to_step` undoes (newest first), leaves done, withdraws; the step it resumes at.\n"
+    "Without a step asked for: the rewind `in_progress` (or null) and the run's `rewinds`.")
 
-    session: str
-    to_step: int
-    savepoint: str | None
-    from_step: int
-    resumes_at: int
-    to_undo: list[RewoundEffectDict]
-    left_done: list[RewoundEffectDict]
-    withdrawn: list[RewoundEffectDict]
-    counts: dict[str, int]
-    irreversible_in_the_way: list[RewoundEffectDict]
-
-
-class RewindDict(TypedDict):
-    """A rewind started: the plan, its record, and the run (`compensating` until the walk is done)."""
-
-    session: Any
-    to_step: int
-    savepoint: str | None
-    from_step: int
-    resumes_at: int
-    to_undo: list[RewoundEffectDict]
-    left_done: list[RewoundEffectDict]
-    withdrawn: list[RewoundEffectDict]
-    counts: dict[str, int]
-    rewind: dict[str, Any]
+RewindDict = TypedDict("RewindDict", {**_PLAN, "session": Any, "rewind": dict[str, Any]})
+RewindDict.__doc__ = """A rewind started: the plan, its record, and the run (`compensating` until the walk is done)."""
 
 
 class SavepointDict(TypedDict):

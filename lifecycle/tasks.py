@@ -82,13 +82,19 @@ def enqueue_fleet_walk(session_ids: list[uuid.UUID | str]) -> None:
     enqueue(walk_fleet, [str(pk) for pk in session_ids])
 
 
+def on_fleet_walk_due(sender, session_ids: list[uuid.UUID | str], **kwargs) -> None:
+    """`rollback.fleet_walk_due`, sent after the commit of a fleet rollback, a chunk of runs each."""
+    enqueue_fleet_walk(session_ids)
+
+
 def enqueue_walk(session_id: uuid.UUID | str, countdown: float = 0) -> None:
     """Called after commit. A broker that is down loses nothing: the sweep finds the session."""
     enqueue(walk_undo_stack, str(session_id), countdown=countdown or None)
 
 
 def on_walk_due(sender, session_id: uuid.UUID | str, **kwargs) -> None:
-    """`effects.models.walk_due`, sent after the commit that made a run compensating."""
+    """`effects.models.walk_due`, sent after the commit that made a run compensating (or by the walk's
+    own modules: an agent's report, a fleet round handing a run to its own walk)."""
     enqueue_walk(session_id)
 
 

@@ -14,7 +14,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from budgets.api import _moment
+from budgets.api import moment
 from core.pagination import bad
 from core.schema import errors, ok
 from core.validation import StrictSerializer, validated
@@ -58,7 +58,7 @@ class AuditExportView(OrgScopedAPIView):
         responses={(200, "application/jsonl"): OpenApiResponse(OpenApiTypes.STR, description="JSON Lines."),
                    **errors(400, codes={400: ["invalid"]})})
     def get(self, request: Request) -> StreamingHttpResponse:
-        since, after, limit = _moment(request, "since"), _cursor(request), _limit(request)
+        since, after, limit = moment(request, "since"), _cursor(request), _limit(request)
         records, next_cursor = audit.page(self.org, since=since, after=after, limit=limit)
         response = StreamingHttpResponse((json.dumps(audit.export_line(r), separators=(",", ":")) + "\n"
                                           for r in records), content_type="application/jsonl")

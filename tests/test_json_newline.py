@@ -8,7 +8,7 @@ import json
 import pytest
 
 from core.renderers import NewlineJSONRenderer
-from lifecycle import fastpath
+from lifecycle.intercept import wire
 from tests.conftest import intercept, open_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,7 @@ def test_api_answers_and_errors_end_with_a_newline(acme, tools, client):
 def test_the_fast_path_writes_the_same_bytes_as_the_api_renderer():
     body = {"decision": "execute", "effect": {"id": "e-1", "args": {"to": "ä@x.io", "n": [1, 2.5, None, True]}}}
 
-    fast = fastpath._respond(201, body)
+    fast = wire.respond(201, body)
 
     assert fast.content == NewlineJSONRenderer().render(body)
     assert fast["Content-Length"] == str(len(fast.content))

@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from core import logs, observe
-from lifecycle import fastpath, preimages
+from core import logs, observe, prepared
+from lifecycle import preimages
+from lifecycle.intercept import one_statement
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ _PRE_IMAGE = re.compile(r"/api/v1/effects/([^/]+)/pre-image")  # lifecycle/preim
 
 class FastPathMiddleware:
     """An agent's intercept and commit (`POST /api/v1/sessions/{id}/intercept`,
-    `POST /api/v1/effects/{id}/commit`), answered by `lifecycle.fastpath` where it can, before the
+    `POST /api/v1/effects/{id}/commit`), answered by `lifecycle.intercept.one_statement` where it can, before the
     middleware below this one, URL resolution and DRF: every call of an agent fleet pays them, and
     they were ~0.14 ms of a worker's ~1 ms of CPU per intercept. An agent's Bearer-key call uses
     none of them: no session, cookie, CSRF token, message or static file.
@@ -131,17 +132,17 @@ class FastPathMiddleware:
             if found:
                 session_id = found[1]
                 return observe.intercept(request, session_id,
-                                         lambda: self._answer(request, fastpath.intercept, session_id))
+                                         lambda: self._answer(request, one_statement.intercept, session_id))
             found = _COMMIT.fullmatch(path)
             if found:
-                return self._answer(request, fastpath.commit, found[1])
+                return self._answer(request, one_statement.commit, found[1])
             found = _PRE_IMAGE.fullmatch(path)
             if found:
                 return self._answer(request, preimages.fast_keep, found[1])
         return self.get_response(request)
 
     def _answer(self, request: HttpRequest, fast, pk: str) -> HttpResponse:
-        if fastpath.available():
+        if prepared.available():
             request.get_host()  # DisallowedHost: Django answers 400, nothing is written
             try:
                 answer = fast(request, pk)

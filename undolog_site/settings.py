@@ -184,7 +184,7 @@ elif default_db["ENGINE"] == "django.db.backends.postgresql":
             # default 5 minutes it could wait a doubled delay of a minute after the database was).
             "reconnect_timeout": DB_POOL_TIMEOUT_S,
         },
-        # Only server-side-binding cursors prepare: the intercept's fast path (lifecycle/fastpath.py)
+        # Only server-side-binding cursors prepare: the intercept's fast path (lifecycle/intercept/one_statement.py)
         # has its one statement planned once per connection. Django's own cursors bind on the
         # client and never prepare, so this changes nothing else.
         "prepare_threshold": 1,
@@ -369,7 +369,7 @@ UNDOLOG_SLACK_MAX_ATTEMPTS = envint("UNDOLOG_SLACK_MAX_ATTEMPTS", "5")
 # The outbox (approvals/notify.py): an event not fanned out this long after it was recorded
 # (its process died between the commit and the fan-out) is fanned out by the beat's sweep.
 UNDOLOG_OUTBOX_GRACE_S = envint("UNDOLOG_OUTBOX_GRACE_S", "5")
-# The fast approval path's fan-out (lifecycle/fastapproval.py, core.fanout.after_answer): on a
+# The fast approval path's fan-out (lifecycle/intercept/two_statements.py, core.fanout.after_answer): on a
 # thread of its own once the answer is on its way (1), or in the request right after its commit,
 # as the pipeline's (0: in-process tests written before it, which read the fan-out at once).
 UNDOLOG_FANOUT_AFTER_ANSWER = envbool("UNDOLOG_FANOUT_AFTER_ANSWER", "1")

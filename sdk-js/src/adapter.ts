@@ -15,7 +15,8 @@ import {
   SessionAwaitingApproval,
   refusalAsToolResult,
 } from "./errors.js";
-import { type Outcome, type Session, decisionOf, sleep } from "./session.js";
+import { sleep } from "./http.js";
+import { type Outcome, type Session, decisionOf } from "./session.js";
 import { ToolSpec, type ToolTier } from "./tiers.js";
 import type { DeclaredTool, ToolArgs, ToolOptions } from "./tool.js";
 

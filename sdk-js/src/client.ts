@@ -2,11 +2,10 @@
  * `Undolog`: the agent's connection to an undolog server (the Python SDK's `UndoLogClient`).
  */
 
-import { SCOPE } from "./context.js";
 import { type Body } from "./errors.js";
 import { type CompensationHandler, type ServeOptions, serve } from "./compensations.js";
 import { type FetchLike, Http, env } from "./http.js";
-import { type Logger, Session, type SessionOptions, type WaitInfo } from "./session.js";
+import { type Logger, SCOPE, Session, type SessionOptions, type WaitInfo } from "./session.js";
 import { type DeclaredTool, specOf } from "./tool.js";
 import type { ToolSpec } from "./tiers.js";
 

@@ -15,8 +15,7 @@
  */
 
 import { type Body, UndologError, describe } from "./errors.js";
-import type { Http } from "./http.js";
-import { sleep } from "./session.js";
+import { type Http, sleep } from "./http.js";
 
 /** Thrown by a handler that cannot succeed by trying again: a person takes over at once. */
 export class PermanentCompensationError extends Error {

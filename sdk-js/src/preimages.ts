@@ -24,7 +24,7 @@
  */
 
 import { PermanentCompensationError, type CompensationContext, type CompensationHandler } from "./compensations.js";
-import type { ToolArgs } from "./tool.js";
+import type { ToolArgs } from "./tiers.js";
 
 /** What a before read returns when nothing is there (a record not created yet). */
 export const ABSENT: unique symbol = Symbol.for("undolog.absent");

@@ -10,7 +10,7 @@
  *   not run again.
  */
 
-import { SCOPE } from "./context.js";
+import { AsyncLocalStorage } from "node:async_hooks";
 import {
   ApprovalExpired,
   ApprovalRejected,
@@ -27,9 +27,31 @@ import {
   UndologTimeout,
   describe,
 } from "./errors.js";
-import { type Call, type Http, unwrapResult, wrapResult } from "./http.js";
+import { type Call, type Http, sleep, unwrapResult, wrapResult } from "./http.js";
 import { type PreImage, PreImageError, digest, preImageBody } from "./preimages.js";
-import type { DeclaredTool, ToolArgs } from "./tool.js";
+import type { ToolArgs, ToolSpec } from "./tiers.js";
+
+/**
+ * The session a tool call belongs to, carried by an `AsyncLocalStorage` (Node, Deno, Bun and
+ * the edge runtimes have it): concurrent runs each see their own session, and promises made
+ * inside a session's callback (`Promise.all` of tool calls) keep it. `currentSession()`
+ * (context.ts) reads it.
+ */
+export interface Scope {
+  readonly session: Session;
+  /** A call of this session holds its turn (a tool calling a tool must not wait for itself). */
+  readonly holding: boolean;
+}
+
+export const SCOPE = new AsyncLocalStorage<Scope>();
+
+/** What a session needs to know of a tool to run one of its calls (`undologTool` makes one). */
+export interface DeclaredTool<A extends ToolArgs = ToolArgs> {
+  readonly spec: ToolSpec;
+  readonly idempotencyKey?: ((args: A) => string) | undefined;
+  /** A before read and restore (preimages.ts): the undo of a tool that has none. */
+  readonly preImage?: PreImage | undefined;
+}
 
 /** Handed to `onWait` while an irreversible call waits for a reviewer. */
 export interface WaitInfo {
@@ -642,23 +664,4 @@ function joined(a: AbortSignal | undefined, b: AbortSignal | undefined): AbortSi
 function isAbort(error: unknown, signal: AbortSignal | undefined): boolean {
   if (signal?.aborted && error === signal.reason) return true;
   return error instanceof Error && error.name === "AbortError";
-}
-
-/** `ms` milliseconds, or the signal's reason as soon as it aborts. */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) {
-      reject(signal.reason);
-      return;
-    }
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      reject(signal?.reason);
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener("abort", onAbort, { once: true });
-  });
 }

@@ -6,6 +6,9 @@
 
 import { ToolDefinitionError } from "./errors.js";
 
+/** A tool call's arguments, as the server stores and templates read them. */
+export type ToolArgs = Record<string, unknown>;
+
 export type ToolTier = "safe" | "compensable" | "irreversible";
 export const TIERS: readonly ToolTier[] = ["safe", "compensable", "irreversible"];
 

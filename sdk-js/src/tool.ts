@@ -6,25 +6,18 @@
  * `client.session(...)` the session decides what happens (see session.ts).
  */
 
-import { SCOPE } from "./context.js";
-import type { CallOptions } from "./session.js";
 import { type PreImage, type PreImageOptions, preImageFunctionName, preImageOf } from "./preimages.js";
-import { type ToolDeclaration, ToolSpec } from "./tiers.js";
+import { type CallOptions, type DeclaredTool, SCOPE } from "./session.js";
+import { type ToolArgs, type ToolDeclaration, ToolSpec } from "./tiers.js";
 
-export type ToolArgs = Record<string, unknown>;
+// Declared where they are read (a session runs a declared tool; the tier model has the args), and
+// named here too, where a tool's author looks for them.
+export type { DeclaredTool, ToolArgs };
 
 /** `undologTool`'s first argument: the tool's declaration, plus how to key its calls. */
 export interface ToolOptions<A extends ToolArgs = ToolArgs> extends ToolDeclaration, Partial<PreImageOptions<A>> {
   /** Your own key for a call (default: the server keys a call by tool and args). */
   idempotencyKey?: (args: A) => string;
-}
-
-/** What a session needs to know of a tool to run one of its calls. */
-export interface DeclaredTool<A extends ToolArgs = ToolArgs> {
-  readonly spec: ToolSpec;
-  readonly idempotencyKey?: ((args: A) => string) | undefined;
-  /** A before read and restore (preimages.ts): the undo of a tool that has none. */
-  readonly preImage?: PreImage | undefined;
 }
 
 /** A declared tool: call it like the function it wraps (it always answers a promise). */

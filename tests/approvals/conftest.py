@@ -13,7 +13,7 @@ from tests.approvals.receiver import Receiver
 from tests.conftest import Persona, intercept, open_session, register_standard_tools
 from tests.processes import asgi_server, celery_worker
 
-# The fast approval path (lifecycle/fastapproval.py) is PostgreSQL's: prepared statements and one
+# The fast approval path (lifecycle/intercept/two_statements.py) is PostgreSQL's: prepared statements and one
 # locking read. On SQLite there is no such path to test (the pipeline answers, as every other test
 # here proves), so its file is collected by the PostgreSQL run only (CI runs both).
 collect_ignore = [] if settings.DATABASES["default"]["ENGINE"].endswith("postgresql") else [

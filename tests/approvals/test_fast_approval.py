@@ -1,4 +1,4 @@
-"""The fast approval path (lifecycle/fastapproval.py, issue 26): an irreversible call decided at
+"""The fast approval path (lifecycle/intercept/two_statements.py, issue 26): an irreversible call decided at
 once by an approve rule or a grant, or held for people, in one read and one write on PostgreSQL,
 answered as the pipeline answers, its fan-out off the request thread and still delivered."""
 
@@ -407,7 +407,7 @@ def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_me
         shop, monkeypatch, django_capture_on_commit_callbacks):
     """The fan-out of calls that came within one window (core.fanout.after_answer): one claim
     for all of their events, one group message for the org, each payload what a re-read gives."""
-    from lifecycle import fastapproval
+    from lifecycle.intercept import two_statements
 
     handed = []
     monkeypatch.setattr(after_answer, "add", lambda fn, item, urgent=False: handed.append((fn, item)))
@@ -415,13 +415,13 @@ def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_me
     with django_capture_on_commit_callbacks(execute=True):
         answers = [refund(shop, s, amount, 1) for s, amount in zip(sessions, [20, 500, 30], strict=True)]
     assert [a["X-Undolog-Path"] for a in answers] == ["fast"] * 3 and len(handed) == 3
-    assert {fn for fn, _ in handed} == {fastapproval._fan_out}
+    assert {fn for fn, _ in handed} == {two_statements._fan_out}
     sent, single = [], []
     monkeypatch.setattr(events, "publish_many", lambda org, messages: sent.append((org, messages)))
     monkeypatch.setattr(events, "publish", lambda *args: single.append(args))
 
     with CaptureQueriesContext(connection) as queries:
-        fastapproval._fan_out([item for _, item in handed])
+        two_statements._fan_out([item for _, item in handed])
 
     assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
     recorded = [Event.objects.get(session_id=s, kind__startswith="approval.") for s in sessions]
@@ -429,7 +429,7 @@ def test_a_window_of_events_is_claimed_in_one_statement_and_sent_as_one_group_me
     assert single == [] and len(sent) == 1 and sent[0][0] == shop.org.id
     assert [(m["type"], m["payload"]) for m in sent[0][1]] == [(e.kind, events.payload_for(e)) for e in recorded]
     with CaptureQueriesContext(connection) as again:  # a second dispatcher (the sweep's, a retry) finds nothing
-        fastapproval._fan_out([item for _, item in handed])
+        two_statements._fan_out([item for _, item in handed])
     assert len(sent) == 1 and len(again.captured_queries) == 1
 
 

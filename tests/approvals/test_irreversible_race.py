@@ -1,5 +1,5 @@
 """Thirty irreversible calls of one run at once, as a model issues parallel tool calls, through the
-fast approval path (lifecycle/fastapproval.py) with a cap of one irreversible call per run: held
+fast approval path (lifecycle/intercept/two_statements.py) with a cap of one irreversible call per run: held
 for people, decided by an approve rule, or decided by a grant. Exactly one is admitted: one effect,
 one request, the run's counter at 1; every other call is refused (429 over the cap, or 409 once
 the held call has paused the run), and none of them wrote anything.

@@ -1,7 +1,7 @@
 """The guard's share of an intercept: one query (policy + org default + org) without a daily
 limit, one more (the day counter's guarded UPDATE) with one; SAFE reports ride along.
 On PostgreSQL, without a daily limit, the policy is cached and the caps are guards in the
-intercept's one statement (lifecycle/fastpath.py): no budget query at all."""
+intercept's one statement (lifecycle/intercept/one_statement.py): no budget query at all."""
 
 from __future__ import annotations
 

@@ -278,7 +278,7 @@ def test_the_announcement_adds_no_query_to_intercept_or_commit_even_after_commit
         events.session_updates.flush()  # what the publishing thread does, here in this thread
 
     # Committed for real here (a transactional test): the on-commit announcements ran inside these.
-    fast = connection.vendor == "postgresql"  # one statement each there (lifecycle/fastpath.py)
+    fast = connection.vendor == "postgresql"  # one statement each there (lifecycle/intercept/one_statement.py)
     assert len(statements(intercepted)) == (1 if fast else 8), statements(intercepted)
     assert len(statements(committed)) == (1 if fast else 4), statements(committed)
     assert flushed.captured_queries == []

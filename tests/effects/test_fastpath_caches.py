@@ -1,5 +1,5 @@
 """The intercept's fast path caches keys, tools and budget limits in each server process
-(lifecycle/fastpath.py). Against a real gunicorn with two workers, both warmed, no cache lets a
+(lifecycle/intercept/one_statement.py). Against a real gunicorn with two workers, both warmed, no cache lets a
 revoked key, a suspended agent, a lowered cap, the incident switch or a re-tiered tool through,
 not even once; and fifty concurrent duplicates still make one effect."""
 

@@ -191,7 +191,7 @@ def test_the_signature_and_digest_are_the_canonical_json_of_the_call_however_the
     result must stay what hashing canonical_json([session, tool, args]) gives (stored signatures
     from before must keep matching their replays)."""
     from effects.models import canonical_json, sha256
-    from lifecycle.intercept import parse
+    from lifecycle.intercept.call import parse
 
     args = {"to": "zoë@x.io", "cc": ["ß", {"z": 1, "a": [None, True, 1.5]}], "subject": "\u2028hi \"there\""}
     response = intercept(acme, session_id, "send_email", dict(reversed(list(args.items()))), 1)

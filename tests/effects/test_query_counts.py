@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import intercept
 
-# PostgreSQL answers the common case with one statement (lifecycle/fastpath.py); SQLite runs the
+# PostgreSQL answers the common case with one statement (lifecycle/intercept/one_statement.py); SQLite runs the
 # pipeline as written.
 FAST = connection.vendor == "postgresql"
 
@@ -137,7 +137,7 @@ def test_an_irreversible_intercept_reads_its_agent_and_org_once_with_the_key(acm
     # org's rules (read once per process and org version, then cached), session counters, agent
     # context (effects, SAFE calls), approval request, grants, session state and its history, event.
     # (The event's fan-out runs after the commit, which a test transaction never reaches.)
-    # PostgreSQL, the fast approval path (lifecycle/fastapproval.py): the org's rules (once per
+    # PostgreSQL, the fast approval path (lifecycle/intercept/two_statements.py): the org's rules (once per
     # process and org version: the compensable call at step 1 took the fast path, which does not
     # read them), then one read and one write (tests/approvals/test_fast_approval.py pins the two).
     assert len(sql) == (3 if FAST else 14), "\n".join(s[:90] for s in sql)

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from effects.models import Effect, UndoAttempt
-from lifecycle import undo
+from lifecycle import attempts
 from orgs.models import Event
 from tests.receiver import scripted
 
@@ -28,7 +28,7 @@ def attempts_of(entry) -> list[UndoAttempt]:
 
 
 def test_it_retries_with_growing_backoff_until_the_handler_succeeds(stack_of, receiver, monkeypatch):
-    monkeypatch.setattr(undo, "jitter", CeilingJitter())
+    monkeypatch.setattr(attempts, "jitter", CeilingJitter())
     receiver.behaviour = scripted(500, 503)
     stack = stack_of(1, retry_backoff_ms=40)
 
@@ -147,7 +147,7 @@ def test_it_treats_a_target_refused_by_the_ssrf_rule_as_permanent(stack_of, rece
 
 
 def test_its_backoff_is_full_jitter_below_a_doubling_ceiling():
-    draws = {n: [undo.backoff_ms(n, 100) for _ in range(2000)] for n in (1, 2, 3)}
+    draws = {n: [attempts.backoff_ms(n, 100) for _ in range(2000)] for n in (1, 2, 3)}
 
     for n, values in draws.items():
         ceiling = 100 * 2 ** (n - 1)
@@ -160,4 +160,4 @@ def test_its_backoff_is_full_jitter_below_a_doubling_ceiling():
 def test_its_backoff_is_capped(settings):
     settings.UNDOLOG_UNDO_MAX_BACKOFF_S = 2
 
-    assert max(undo.backoff_ms(30, 1000) for _ in range(200)) <= 2000
+    assert max(attempts.backoff_ms(30, 1000) for _ in range(200)) <= 2000

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from effects import handlers
 from effects.models import Effect, Session, UndoAttempt, UndoEntry
-from lifecycle import undo
+from lifecycle import attempts, undo
 from lifecycle.tasks import sweep_undo_walks
 from orgs.models import Event
 from undolog_site.celery import app
@@ -90,7 +90,7 @@ def test_a_claimer_whose_clock_runs_behind_still_gets_a_live_lease(stack_of, cla
     behind = timezone.now() - timedelta(seconds=90)
 
     with mock.patch("django.utils.timezone.now", return_value=behind):
-        assert (undo._claim(entry, behind) == 1) if claimer == "walk" else entry.claim(lease)
+        assert (attempts.claim(entry, behind) == 1) if claimer == "walk" else entry.claim(lease)
 
     entry = stack.entry(0)
     assert entry.state == "running"
@@ -176,7 +176,7 @@ def test_a_worker_whose_claim_was_taken_over_cannot_record_its_result(stack_of):
     taker = stack.entry(0)
     assert taker.claim(timedelta(seconds=30))  # attempt 2
 
-    undo._record(slow, 1, handlers.Result(ok=True, permanent=False, error="", duration_ms=5, status_code=200))
+    attempts.record(slow, 1, handlers.Result(ok=True, permanent=False, error="", duration_ms=5, status_code=200))
 
     entry = stack.entry(0)
     assert (entry.state, entry.attempts) == ("running", 2)

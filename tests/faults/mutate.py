@@ -9,7 +9,9 @@ mutant survives edits elsewhere in the file; `\\n` in a `replace:` starts a new 
 code it targets changes, the runner says the mutant is stale: update its `find:` to the line as
 it now reads (and its `replace:` to the same bug). Outside CI: about four minutes a mutant.
 
-`python -m tests.faults.mutate [--seed N] [NAME …]` (names: file stems, or a part of them)."""
+`python -m tests.faults.mutate [--seed N] [NAME …]` (names: file stems, or a part of them);
+`--check` only says whether each mutant still plants in this tree (a dry run: no copy, no nemesis;
+`tests/faults/test_mutants_plant.py` runs it with the suite)."""
 
 from __future__ import annotations
 
@@ -44,13 +46,39 @@ def parse(path: Path) -> tuple[str, list[tuple[str, str, str]]]:
     return bug, edits
 
 
-def plant(tree: Path, edits: list[tuple[str, str, str]]) -> None:
+def planted(tree: Path, edits: list[tuple[str, str, str]]) -> dict[str, str]:
+    """The files a mutant changes, as they read once it is planted in `tree` (nothing written).
+    ValueError when it is stale: a file gone, or a `find:` that is not there exactly once."""
+    texts: dict[str, str] = {}
     for file, find, replace in edits:
-        path = tree / file
-        text = path.read_text()
-        if text.count(find) != 1:
-            raise ValueError(f"stale mutant: {find!r} occurs {text.count(find)} times in {file} (update its find:)")
-        path.write_text(text.replace(find, replace))
+        if file not in texts:
+            if not (tree / file).is_file():
+                raise ValueError(f"stale mutant: {file} does not exist (update its file:)")
+            texts[file] = (tree / file).read_text()
+        if texts[file].count(find) != 1:
+            raise ValueError(f"stale mutant: {find!r} occurs {texts[file].count(find)} times in {file} "
+                             "(update its find:)")
+        texts[file] = texts[file].replace(find, replace)
+    return texts
+
+
+def plant(tree: Path, edits: list[tuple[str, str, str]]) -> None:
+    for file, text in planted(tree, edits).items():
+        (tree / file).write_text(text)
+
+
+def check(mutants: list[Path]) -> int:
+    """`--check`: whether every mutant still plants in this tree, without running the nemesis."""
+    stale = 0
+    for path in mutants:
+        try:
+            planted(ROOT, parse(path)[1])
+            print(f"ok     {path.stem}")
+        except ValueError as exc:
+            stale += 1
+            print(f"STALE  {path.stem}: {exc}")
+    print(f"{len(mutants) - stale} of {len(mutants)} mutants plant in this tree")
+    return 1 if stale else 0
 
 
 def scratch_copy() -> Path:
@@ -105,10 +133,13 @@ def table(results: list[dict], seed: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--check", action="store_true", help="only say whether each mutant still plants (no nemesis)")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(os.environ.get("NEMESIS_SEED") or random.randrange(10**6))
     mutants = sorted(p for p in MUTANTS.glob("*.txt") if not args.names or any(n in p.stem for n in args.names))
+    if args.check:
+        return check(mutants)
     print(f"{len(mutants)} mutants, each under the short nemesis with seed {seed}", flush=True)
     results = []
     for path in mutants:

@@ -2,12 +2,13 @@
 statements on PostgreSQL (issue 26); and so a compensable call the rules decide (an org whose
 rules may hold compensable calls: run at once with its undo entry, or held like an irreversible
 one) or that reports an output to fingerprint (issue 25), which the one-statement compensable
-path (`lifecycle.fastpath`) cannot take.
+path (`lifecycle.intercept.one_statement`) cannot take.
 
-The pipeline (`lifecycle.intercept`) answers such a call with ~15-26 statements, each compiled by
-the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the request. Here:
+The pipeline (`lifecycle.intercept.pipeline`) answers such a call with ~15-26 statements, each
+compiled by the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in the
+request. Here:
 
-1. Before any query, from this process's caches (`fastpath.OrgConfig`, the rules' cache, both
+1. Before any query, from this process's caches (`config.OrgConfig`, the rules' cache, both
    stamped with the org's `config_version`): the tool is irreversible, or compensable with its
    compensation, without an executor, no daily limit or incident switch applies, and no rule that
    concerns the call reads more than its args, tool, agent, run counters, clock, `run.inputs` and
@@ -23,9 +24,9 @@ the ORM, and fans its event out (channel layer, webhook rows, Slack's row) in th
 3. The pipeline's own decision, in memory: the reported SAFE calls charged and their outputs
    fingerprinted (`effects.outputs.prints_of_output`, the raw output never leaves the request),
    `budgets.guard.admit` (budgets before rules), `approvals.rules.decide` on the run's taint as
-   read plus these outputs, `lifecycle.intercept.decide` (quorum, reviewer groups, grants), the
+   read plus these outputs, `lifecycle.intercept.decision.decide` (quorum, reviewer groups, grants), the
    request's fields (`ApprovalRequest.values_for`, with `why`) and the answer
-   (`intercept.granted`/`awaiting`).
+   (`answers.granted`/`awaiting`).
 4. One write: the session's counters (and `awaiting_approval`, held), the reported SAFE calls and
    their fingerprints, the effect, a compensable call's undo entry, its request, its history rows
    and the event (a compensable call that runs at once has neither), in one statement,
@@ -71,8 +72,13 @@ from core import prepared
 from core.fanout import after_answer
 from effects import outputs
 from effects.models import Effect, Session, Tier, Tool, UndoEntry, announce
-from lifecycle import fastpath
-from lifecycle import intercept as pipeline
+from lifecycle.intercept.answers import awaiting, executed, granted
+from lifecycle.intercept.call import NO_OUTPUT, Call, ReportedSafeCall, signature_of
+from lifecycle.intercept.config import OrgConfig
+from lifecycle.intercept.decision import decide
+from lifecycle.intercept.rows import context_of, new_effect, new_undo_entry
+from lifecycle.intercept.sql import SAFE_CALLS, Shape, insert_sql, jsonb, live_key
+from lifecycle.intercept.wire import respond
 from orgs.models import Agent, AgentKey, Event, Organization, Recorded, RememberedKey, events_recorded
 
 
@@ -106,7 +112,7 @@ def _select(alias: str, columns: list[str]) -> str:
 
 _READ = f"""
 SELECT {_select('s', _SESSION[1])}, {_select('a', _AGENT[1])}, {_select('o', _ORG[1])},
-    {fastpath._live('k')} AS live,
+    {live_key('k')} AS live,
     EXISTS (SELECT 1 FROM effects_effect x WHERE x.session_id = s.id AND x.call_signature = %(signature)s) AS seen,
     (SELECT jsonb_build_array(g.id, g.created_by_label, g.reason) FROM approvals_grant g
      WHERE g.agent_id = s.agent_id AND g.tool_name = %(tool)s AND g.revoked_at IS NULL
@@ -171,19 +177,19 @@ WITH s AS (
       AND (SELECT config_version FROM orgs_organization WHERE id = org_id) = %(version)s
     RETURNING id"""
 _WRITE_EFFECT = f"""
-), e AS ({fastpath._insert(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}"""
+), e AS ({insert_sql(Effect, "effect", "s").replace("RETURNING 1", "RETURNING id")}"""
 # A compensable call's undo entry, pushed with its effect (held or not), as the pipeline pushes it.
 _WRITE_ENTRY = f"""
-), u AS ({fastpath._insert(UndoEntry, "entry", "e")}"""
+), u AS ({insert_sql(UndoEntry, "entry", "e")}"""
 _WRITE_REQUEST = f"""
-), q AS ({fastpath._insert(ApprovalRequest, "approval", "e")}
+), q AS ({insert_sql(ApprovalRequest, "approval", "e")}
 ), et AS (
     INSERT INTO effects_effecttransition (effect_id, from_state, to_state, actor, reason, created)
     SELECT e.id, 'pending', 'approved', %(label)s, %(reason)s, %(now)s FROM e WHERE %(approved)s
 ), st AS (
     INSERT INTO effects_sessiontransition (session_id, from_state, to_state, actor, reason, created)
     SELECT s.id, 'running', 'awaiting_approval', %(actor)s, '', %(now)s FROM s WHERE NOT %(approved)s
-), v AS ({fastpath._insert(Event, "event", "q")}"""
+), v AS ({insert_sql(Event, "event", "q")}"""
 # The reported outputs' fingerprints (`effects.outputs.Prints`), written with the run's other rows.
 _WRITE_PRINTS = """
 ), fp AS (
@@ -200,12 +206,12 @@ def _write(*, safe: bool, prints: bool, entry: bool, request: bool) -> str:
     insert), the effect, its undo entry (compensable), its request with its history rows and event
     (unless a compensable call executes at once), the outputs' fingerprints. It answers how many
     events (or, with no request, effects) it wrote: 0 after a lost race."""
-    parts = [_WRITE_SESSION + (fastpath._SAFE_CALLS if safe else ""), _WRITE_EFFECT,
+    parts = [_WRITE_SESSION + (SAFE_CALLS if safe else ""), _WRITE_EFFECT,
              _WRITE_ENTRY if entry else "", _WRITE_REQUEST if request else "", _WRITE_PRINTS if prints else ""]
     return "".join(parts) + f"\n)\nSELECT (SELECT count(*) FROM {'v' if request else 'e'})\n"
 
 
-_SHAPES = {model: fastpath._Shape(model) for model in (Effect, UndoEntry, ApprovalRequest, Event)}
+_SHAPES = {model: Shape(model) for model in (Effect, UndoEntry, ApprovalRequest, Event)}
 
 
 def _row(instance: Any) -> Any:
@@ -232,16 +238,16 @@ def _concerned(org: Any, agent_id: Any, tool: Tool) -> list[rules.CompiledRule] 
 class _Run:
     """What this call brings of its run and needs read of it, worked out before any query."""
 
-    reported: dict[int, pipeline.ReportedSafeCall]  # by step: a step reported twice counts once
+    reported: dict[int, ReportedSafeCall]  # by step: a step reported twice counts once
     prints: str  # "rows", "kept" or "" (_PRINTS)
     taint: bool  # a rule reads `tainted()` or `requested()`
     by_rules: bool  # the rules decide it (`_by_rules`)
 
     @classmethod
-    def of(cls, call: pipeline.Call, concerned: list[rules.CompiledRule], by_rules: bool) -> _Run:
+    def of(cls, call: Call, concerned: list[rules.CompiledRule], by_rules: bool) -> _Run:
         reported = {c.step_index: c for c in call.safe_calls}
         taint = any(r.reads & _TAINT for r in concerned)
-        outputs_reported = any(c.output is not pipeline.NO_OUTPUT for c in reported.values())
+        outputs_reported = any(c.output is not NO_OUTPUT for c in reported.values())
         return cls(reported, "rows" if taint else "kept" if outputs_reported else "", taint, by_rules)
 
     def read(self, locked: bool) -> str:
@@ -254,7 +260,7 @@ class _Run:
         return seen, _json(extra.pop(0)) if self.prints else None
 
 
-def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: pipeline.Call,
+def intercept(key: RememberedKey, config: OrgConfig, tool: Tool, call: Call,
               session_id: uuid.UUID) -> HttpResponse | None:
     """The answer to an irreversible intercept, or to a compensable one the compensable fast path
     leaves (the org's rules decide compensable calls, or an output is reported), or None for the
@@ -275,7 +281,7 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
         concerned = []
     run = _Run.of(call, concerned, by_rules)
     AgentKey.touch_remembered(key)
-    signature = pipeline.signature_of(session_id, call)
+    signature = signature_of(session_id, call)
     db = connections[DEFAULT_DB_ALIAS]
     # Each statement is its own transaction (no BEGIN and COMMIT round trips: ~0.9 ms of the
     # call's ~3.6, measured): the write is guarded by the session row's version as read (xmin)
@@ -293,7 +299,7 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
                                signature)
     except _ConfigMoved:
         # Reloaded now, so that the next call is fast again at once.
-        fresh = fastpath.OrgConfig.of(key.org_id)
+        fresh = OrgConfig.of(key.org_id)
         if fresh is not None:
             fresh.limits_for(key.org_id, key.agent_id)
         return None
@@ -301,28 +307,28 @@ def intercept(key: RememberedKey, config: fastpath.OrgConfig, tool: Tool, call: 
         return None  # nothing written; a duplicate that won the race on the signature replays there
 
 
-def _by_rules(config: fastpath.OrgConfig, tool: Tool) -> bool:
+def _by_rules(config: OrgConfig, tool: Tool) -> bool:
     """Whether the rules decide this call: every irreversible one; a compensable one only in an
     org whose rules may hold or refuse compensable calls (`rules.sees_compensable`)."""
     return tool.tier == Tier.IRREVERSIBLE or config.rules_see_compensable
 
 
-def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, limits: Limits, tool: Tool,
-            call: pipeline.Call, run: _Run, session_id: uuid.UUID, signature: str) -> HttpResponse:
+def _decide(db: Any, read: str, key: RememberedKey, config: OrgConfig, limits: Limits, tool: Tool,
+            call: Call, run: _Run, session_id: uuid.UUID, signature: str) -> HttpResponse:
     row = prepared.row(db, read, {"signature": signature, "tool": tool.name, "key": key.id,
                                   "session": session_id, "agent": key.agent_id, "safe_steps": list(run.reported)})
     if row is None:
         raise _StepAside  # not this agent's session: the pipeline's 404
     session, agent, org, (live, seen, grant, effects, safe, hooks, slack, seen_as), extra = _loaded(row)
     if org.config_version != config.version:
-        fastpath.OrgConfig.forget(key.org_id, org.config_version)
+        OrgConfig.forget(key.org_id, org.config_version)
         raise _ConfigMoved
     if not live or seen or session.state != Session.State.RUNNING or agent.state != Agent.State.ACTIVE:
         raise _StepAside  # a 401, a replay, a 409 or 423
     safe_seen, known = run.besides(extra)
     if safe_seen:
         raise _StepAside  # a retry reports its SAFE calls again: the pipeline charges each step once
-    # The pipeline, step by step (`intercept._pipeline`, `_record_safe_calls`, `_ask`), on the rows just read.
+    # The pipeline, step by step (`pipeline._pipeline`, `_record_safe_calls`, `_ask`), on the rows just read.
     for reported in run.reported.values():
         guard.charge_safe_call(session, config.tools.get(reported.tool), reported.tool)
     session.step_index = max(session.step_index, call.step_index, *run.reported)
@@ -338,16 +344,16 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
         raise _StepAside  # run now, review after: the pipeline's `_flag` (an effect and a request that waits)
     compensable = tool.tier == Tier.COMPENSABLE
     if compensable and (verdict.rule is None or verdict.rule.outcome == rules.Rule.Outcome.APPROVE):
-        # What no rule holds runs at once, its undo entry pushed first (`intercept._pipeline`).
+        # What no rule holds runs at once, its undo entry pushed first (`pipeline._pipeline`).
         return _execute(db, session, tool, call, run, prints, signature, seen_as, config)
     found = None
     if grant is not None:
         found = SimpleNamespace(pk=uuid.UUID(grant[0]), label=f"{GRANT_PREFIX}{grant[0]}",
                                 created_by_label=grant[1], reason=grant[2])
-    decision = pipeline.decide(org, tool, verdict, lambda: found)
+    decision = decide(org, tool, verdict, lambda: found)
 
     now = timezone.now()
-    effect = pipeline.new_effect(org.id, session.id, tool, call, signature)
+    effect = new_effect(org.id, session.id, tool, call, signature)
     effect.created = effect.updated = now
     entry = None
     if compensable:  # held by a rule: it waits like an irreversible call, its undo entry pushed
@@ -356,7 +362,7 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     # The agent context as the pipeline reads it: after the reported SAFE calls were recorded.
     safe = [SimpleNamespace(step_index=c[0], tool_name=c[1], args=c[2]) for c in safe]
     safe += [SimpleNamespace(step_index=c.step_index, tool_name=c.tool, args=c.args) for c in run.reported.values()]
-    context = pipeline.context_of(org.context_window, [SimpleNamespace(**dict(zip(_CONTEXT, e, strict=True)))
+    context = context_of(org.context_window, [SimpleNamespace(**dict(zip(_CONTEXT, e, strict=True)))
                                                        for e in effects], safe, call)
     approval = ApprovalRequest(**ApprovalRequest.values_for(effect, tool, session, context,
                                                             **decision.request_fields(verdict)))
@@ -383,60 +389,60 @@ def _decide(db: Any, read: str, key: RememberedKey, config: fastpath.OrgConfig, 
     hooks = [_hook(h, org.id) for h in hooks]
     effect.tool = tool  # the payload's `executor`, without a query
     _after_commit(session, effect, event, approval, hooks, slack=slack and decision.held, held=decision.held)
-    answer = pipeline.granted(effect, approval) if decision.grant is not None else \
-        pipeline.awaiting(effect, tool, approval)
-    response = fastpath._respond(answer.status, answer.body)
+    answer = granted(effect, approval) if decision.grant is not None else \
+        awaiting(effect, tool, approval)
+    response = respond(answer.status, answer.body)
     response.undolog_outcome = (tool.tier, answer.body["decision"])  # core/observe.py's metrics
     return response
 
 
 def _entry(tool: Tool, effect: Effect, now: Any) -> UndoEntry:
-    entry = pipeline.new_undo_entry(tool, effect)
+    entry = new_undo_entry(tool, effect)
     entry.created = entry.updated = now
     return entry
 
 
 def _write_run(db: Any, session: Session, run: _Run, prints: list[outputs.Prints], seen_as: str,
-               config: fastpath.OrgConfig, now: Any, *, effect: Effect, entry: UndoEntry | None,
+               config: OrgConfig, now: Any, *, effect: Effect, entry: UndoEntry | None,
                request: dict[str, Any] | None) -> None:
     """The one write (`_write`), or `_Raced` when it wrote nothing."""
     sql = _write(safe=bool(run.reported), prints=bool(prints), entry=entry is not None, request=request is not None)
     params = {
         "tool_calls": session.tool_calls, "irreversible_calls": session.irreversible_calls, "cost": session.cost,
-        "tool_counts": fastpath._jsonb(session.tool_counts),
-        "violation": None if session.violation is None else fastpath._jsonb(session.violation),
+        "tool_counts": jsonb(session.tool_counts),
+        "violation": None if session.violation is None else jsonb(session.violation),
         "step": session.step_index, "state": session.state, "now": now, "session": session.pk,
         "seen_as": seen_as, "version": config.version, "effect": _row(effect), **(request or {})}
     # Only what the statement's parts read (an irreversible call reporting nothing: none of these).
     if entry is not None:
         params["entry"] = _row(entry)
     if run.reported:
-        params["safe"] = fastpath._jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
+        params["safe"] = jsonb([{"tool": c.tool, "step_index": c.step_index, "args": c.args}
                                           for c in run.reported.values()])
     if prints:
-        params["prints"] = fastpath._jsonb([asdict(p) | {"size": p.size} for p in prints])
+        params["prints"] = jsonb([asdict(p) | {"size": p.size} for p in prints])
     written = prepared.row(db, sql, params)
     if not written or written[0] != 1:
         raise _Raced
 
 
-def _execute(db: Any, session: Session, tool: Tool, call: pipeline.Call, run: _Run, prints: list[outputs.Prints],
-             signature: str, seen_as: str, config: fastpath.OrgConfig) -> HttpResponse:
+def _execute(db: Any, session: Session, tool: Tool, call: Call, run: _Run, prints: list[outputs.Prints],
+             signature: str, seen_as: str, config: OrgConfig) -> HttpResponse:
     """A compensable call no rule holds: its effect `executing` and its undo entry, the 201 execute."""
     now = timezone.now()
-    effect = pipeline.new_effect(session.org_id, session.id, tool, call, signature)
+    effect = new_effect(session.org_id, session.id, tool, call, signature)
     effect.created = effect.updated = now
     entry = _entry(tool, effect, now)
     _write_run(db, session, run, prints, seen_as, config, now, effect=effect, entry=entry, request=None)
     announce(effect, "effect", None, Effect.State.EXECUTING, name=effect.tool_name, session_id=session.pk,
              org_id=session.org_id, step_index=effect.step_index)
-    answer = pipeline.executed(effect, entry)
-    response = fastpath._respond(answer.status, answer.body)
+    answer = executed(effect, entry)
+    response = respond(answer.status, answer.body)
     response.undolog_outcome = (tool.tier, "execute")
     return response
 
 
-def _fingerprints(config: fastpath.OrgConfig, session: Session, call: pipeline.Call, run: _Run,
+def _fingerprints(config: OrgConfig, session: Session, call: Call, run: _Run,
                   known: Any) -> tuple[list[outputs.Prints], outputs.RunTaint | None]:
     """The reported outputs' fingerprints to write, within the run's bound (`outputs.Bound`, on
     what the read gave: the run's rows, or how many it keeps and whether it is full), and the run's
@@ -476,7 +482,7 @@ def _loaded(row: tuple) -> tuple[Session, Agent, Organization, tuple, list]:
     for model, (names, _) in ((Session, _SESSION), (Agent, _AGENT), (Organization, _ORG)):
         values = row[at:at + len(names)]
         at += len(names)
-        instances.append(fastpath.instance(model, values))
+        instances.append(prepared.instance(model, values))
     session, agent, org = instances
     live, seen, grant, effects, safe, hooks, slack, seen_as, *extra = row[at:]
     agent.org = session.org = org  # the pipeline's `_lock_session`: no query to reach them

@@ -1,0 +1,1 @@
+"""Developer tools run by `make check` (not part of the server)."""
