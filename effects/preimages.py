@@ -48,7 +48,18 @@ def canonical(value: Any) -> bytes:
 
 def digest(state: Any) -> str:
     """The digest of a target's state (`None`: absent)."""
-    return "sha256:" + hashlib.sha256(canonical(state)).hexdigest()
+    return digest_of(canonical(state))
+
+
+def digest_of(body: bytes) -> str:
+    """The digest of a state already in its canonical JSON."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def sealable(body: bytes) -> bytes:
+    """What is sealed of a state in its canonical JSON: `{"value": <state>}` (PreImage.value),
+    made without encoding the state again (the canonical JSON of a one-key object)."""
+    return b'{"value":' + body + b"}"
 
 
 def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:
