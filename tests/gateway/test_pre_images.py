@@ -179,6 +179,8 @@ EDITS = [  # the file before, and the edits: the server's exact, line-ending and
     (b"def f():\n    if x:\n        return 1\n",
      [{"oldText": "if x:\n    return 1", "newText": "if y:\n    return 2\n    # done"}]),
     (b"def f():\n\tif x:\n\t\treturn 1\n", [{"oldText": "  if x:\n      return 1", "newText": "if y:\n  return 2"}]),
+    (b"class A:\n    def f(self):\n        return 1\n",
+     [{"oldText": "def f(self):\n  return 1", "newText": "def g(self):\n      return 2\n  # relative"}]),
     (b"price: 10\n", [{"oldText": "10", "newText": "$& and $$ and $` and $' and $1"}]),
     (b"a\nb\nc\nb\n", [{"oldText": "b", "newText": "B"}, {"oldText": "c\nb", "newText": "C"}]),
     (b"unchanged\n", [{"oldText": "unchanged", "newText": "dry"}], True),
