@@ -112,8 +112,8 @@ class EffectAfterImageView(RunEffectView):
 def keep(effect: Effect, data: dict[str, Any], *, actor: str) -> tuple[int, dict[str, Any]]:
     """Keep the pre-image of an `executing` call, or hold or refuse the call over its bound.
 
-    Three statements on the way that keeps it (the read above, the run's lock with what it keeps
-    already, the insert): the cost bench/preimage.py measures."""
+    The view's way (SQLite, and on PostgreSQL what the fast path below leaves to it): the read
+    above, then in one transaction the run's row locked, the insert and the run's bytes raised."""
     declaration = effect.tool.pre_image if effect.tool is not None else None
     if not declaration:
         raise Conflict(f"{effect.tool_name} declares no before read.", code="no_pre_image_declared")
