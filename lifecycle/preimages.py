@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -151,9 +151,17 @@ def keep(effect: Effect, data: dict[str, Any], *, actor: str) -> tuple[int, dict
             refused = Conflict(message, code="pre_image_over_bound", size=size, bound=entry_max)
         else:
             refused = None
-            kept = PreImage.objects.create(
-                entry=entry, session_id=session.pk, sealed=sealed, size=size, absent=data["absent"],
-                before_digest=preimages.digest_of(body), after_digest=data["after_digest"], held=bool(over))
+            try:
+                with transaction.atomic():  # a savepoint: the same call's keep, sent twice at once
+                    kept = PreImage.objects.create(
+                        entry=entry, session_id=session.pk, sealed=sealed, size=size, absent=data["absent"],
+                        before_digest=preimages.digest_of(body), after_digest=data["after_digest"],
+                        held=bool(over))
+            except IntegrityError:
+                # The other one kept it first (both read "none kept" before the run's lock): one
+                # before read per call, so this one is answered as a retry is.
+                effect.refresh_from_db(fields=["state"])
+                return 200, _answer(effect, PreImage.objects.get(entry=entry))
             Session.objects.filter(pk=session.pk).update(pre_image_bytes=models.F("pre_image_bytes") + size)
             if over:
                 return 202, _hold(effect, session, kept, over, actor)

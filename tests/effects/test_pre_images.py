@@ -267,6 +267,46 @@ def test_two_calls_of_one_run_keeping_pre_images_at_once_cannot_both_pass_the_ru
     assert Session.objects.get(pk=session_id).pre_image_bytes == sum(p.size for p in kept) == kept_before + 74
 
 
+def test_the_same_calls_pre_image_sent_twice_at_once_is_kept_once_and_both_are_answered(acme):
+    """Both requests read "none kept" and then wait on the run's row: the second's insert meets the
+    first's, and it is answered as a retry (200), not with an error."""
+    register(acme)
+    session_id = open_session(acme)
+    keep(acme, call(acme, session_id, 1, "warm"), value={"content": "warm"})  # the key is remembered
+    effect = call(acme, session_id, 2)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_run() -> None:
+        with transaction.atomic():
+            Session.objects.select_for_update().get(pk=session_id)
+            holding.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_run)
+    holder.start()
+    assert holding.wait(30)
+    answers: list = []
+
+    def post() -> None:
+        answers.append(agent_client(acme.key).post(f"/api/v1/effects/{effect['id']}/pre-image",
+                                                   {"value": {"content": SECRET}}, format="json"))
+        connection.close()
+
+    clients = [threading.Thread(target=post) for _ in range(2)]
+    for client in clients:
+        client.start()
+    waiting_on_the_run(2)
+    release.set()
+    for thread in (holder, *clients):
+        thread.join(60)
+
+    assert sorted(a.status_code for a in answers) == [200, 201], [a.content for a in answers]
+    assert {a.json()["decision"] for a in answers} == {"execute"}
+    assert PreImage.objects.filter(entry__effect_id=effect["id"]).count() == 1
+    assert Session.objects.get(pk=session_id).pre_image_bytes == sum(p.size for p in PreImage.objects.all())
+
+
 def waiting_on_the_run(count: int) -> None:
     """Until `count` requests wait on a lock (PostgreSQL), or a moment (SQLite: its writers wait on
     the database's one write lock, which nothing here can observe)."""
