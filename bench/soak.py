@@ -24,6 +24,7 @@ SOAK_S = float(os.environ.get("UNDOLOG_SOAK_S", "600"))
 AGENTS = int(os.environ.get("UNDOLOG_SOAK_AGENTS", "8"))
 WINDOWS = 10
 PRODUCTION_LIKE = {"DEBUG": "0", "SECRET_KEY": "soak-only-secret-key-not-for-production-0123456789",
+                   "UNDOLOG_SEAL_KEY": "soak-only-seal-key-not-for-production-0123456789",
                    "SECURE_SSL_REDIRECT": "0", "ALLOWED_HOSTS": "127.0.0.1,localhost",
                    "UNDOLOG_ALLOW_PRIVATE_WEBHOOKS": "1", "LOG_LEVEL": "WARNING"}
 

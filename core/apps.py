@@ -7,3 +7,8 @@ class CoreConfig(AppConfig):
     core imports no app."""
 
     name = "core"
+
+    def ready(self) -> None:
+        from core import checks  # registers the deploy check of the seal key
+
+        checks.warn_at_start()

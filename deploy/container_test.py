@@ -307,7 +307,8 @@ def main() -> int:
     env_file.write_text("\n".join([
         "POSTGRES_USER=undolog", "POSTGRES_DB=undolog", f"POSTGRES_PASSWORD={password}",
         f"DATABASE_URL=postgres://undolog:{password}@postgres:5432/undolog", "REDIS_URL=redis://redis:6379/0",
-        "DEBUG=0", f"SECRET_KEY={secrets.token_urlsafe(50)}", "ALLOWED_HOSTS=127.0.0.1,localhost",
+        "DEBUG=0", f"SECRET_KEY={secrets.token_urlsafe(50)}", f"UNDOLOG_SEAL_KEY={secrets.token_urlsafe(32)}",
+        "ALLOWED_HOSTS=127.0.0.1,localhost",
         f"CSRF_TRUSTED_ORIGINS={base}", "SECURE_SSL_REDIRECT=0", "UNDOLOG_TRUSTED_PROXIES=1",
         "UNDOLOG_ARCHIVE_DIR=/var/lib/undolog-archive", "WEB_CONCURRENCY=2",
         # The receiver is on this machine's address on the project network: a private address.

@@ -9,7 +9,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.update({
     "DJANGO_SETTINGS_MODULE": "undolog_site.settings", "ALLOWED_HOSTS": "build.invalid", "DEBUG": "0",
-    "SECRET_KEY": "precompile-only", "REDIS_URL": "redis://unused:6379/0",
+    "SECRET_KEY": "precompile-only", "UNDOLOG_SEAL_KEY": "precompile-only-seals-nothing-0123456789",
+    "REDIS_URL": "redis://unused:6379/0",
     "DATABASE_URL": "postgres://unused@unused:5432/unused", "UNDOLOG_VAR_DIR": "/tmp/build-var"})
 sys.dont_write_bytecode = False
 

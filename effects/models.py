@@ -338,6 +338,12 @@ class Session(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal("0"))
     tool_counts = models.JSONField(default=dict, blank=True)
     violation = models.JSONField(null=True, blank=True, help_text="The run's first budget violation.")
+    # Bytes of the pre-images the run keeps (lifecycle/preimages.py), against its bound
+    # (UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES): a counter on the row the keep locks, raised by a guarded
+    # update, because a sum over the run's pre-images read in a statement's snapshot misses the
+    # one a concurrent call of the run commits meanwhile (both passed the bound).
+    pre_image_bytes = models.BigIntegerField(default=0, editable=False,
+                                             help_text="Bytes of the pre-images this run keeps.")
     created = models.DateTimeField(default=timezone.now, db_index=True)
     updated = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -1101,6 +1107,10 @@ class PreImageQuerySet(models.QuerySet):
     def kept(self) -> PreImageQuerySet:
         return self.filter(dropped_at__isnull=True)
 
+    def sealed(self) -> PreImageQuerySet:
+        """Kept with a value (an over-bound refusal keeps none)."""
+        return self.kept().exclude(sealed=b"")
+
 
 class PreImage(models.Model):
     """What was there before one call of a tool that declares a before read (effects/preimages.py):
@@ -1139,6 +1149,18 @@ class PreImage(models.Model):
         if self.dropped_at is not None:
             raise Conflict("This pre-image was dropped (its run can no longer be undone).", code="pre_image_dropped")
         return json.loads(unseal(self.sealed))["value"]
+
+    def reseal(self) -> bool:
+        """Seal the value again under the current key (after a rotation, so that the old key can
+        leave UNDOLOG_SEAL_KEYS_OLD); False when it is sealed with it already. Raises SealError
+        when no configured key opens it. Guarded: a pre-image dropped meanwhile stays dropped."""
+        from core import seal
+
+        token = bytes(self.sealed)
+        if self.dropped_at is not None or not token or seal.is_current(token):
+            return False
+        self.sealed = seal.reseal(token)
+        return PreImage.objects.filter(pk=self.pk, dropped_at__isnull=True).update(sealed=self.sealed) == 1
 
     def digests(self) -> dict[str, Any]:
         """What events, webhooks, the audit chain and exports may carry of a pre-image."""

@@ -18,7 +18,10 @@ the pre-image's value):
                                            # or a list of calls, made in order
       "restore_absent": {"delete": "{path}"},   # or a call {"tool"|"fn", "args"}; null: nothing to do
       "check":   {"tool": "read_text_file", "args": {"path": "{path}"}},   # default: before
-      "after":   {"content": "{content}"},  # what the call leaves, from its args; "read": read it again
+      "after":   {"content": "{content}"},  # what the call leaves, from its args and {before}; or
+                                           # {"fn": "<name>"}: worked out by the agent side (an SDK
+                                           # function, the gateway's filesystem.edit_file, memory.*);
+                                           # "read": read it again after the call
       "compare": "value",                  # "unordered": lists as sets; "exists": only whether it is there
       "max_bytes": 262144,                 # per entry (the default); at most UNDOLOG_PRE_IMAGE_MAX_BYTES
       "over_bound": "hold"                 # or "refuse": never run without its undo
@@ -48,7 +51,18 @@ def canonical(value: Any) -> bytes:
 
 def digest(state: Any) -> str:
     """The digest of a target's state (`None`: absent)."""
-    return "sha256:" + hashlib.sha256(canonical(state)).hexdigest()
+    return digest_of(canonical(state))
+
+
+def digest_of(body: bytes) -> str:
+    """The digest of a state already in its canonical JSON."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def sealable(body: bytes) -> bytes:
+    """What is sealed of a state in its canonical JSON: `{"value": <state>}` (PreImage.value),
+    made without encoding the state again (the canonical JSON of a one-key object)."""
+    return b'{"value":' + body + b"}"
 
 
 def declaration_problems(spec: Any, server_max: int) -> dict[str, str]:

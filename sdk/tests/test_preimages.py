@@ -7,7 +7,7 @@ import pytest
 
 from undolog import ToolTier, undolog_tool
 from undolog.compensations import PermanentCompensationError
-from undolog.preimages import ABSENT, PreImage, compare_and_restore, digest, render
+from undolog.preimages import ABSENT, AfterUnknown, PreImage, compare_and_restore, digest, render
 
 STORE: dict[str, str] = {}
 DONE: list[str] = []
@@ -139,6 +139,46 @@ def test_the_body_sends_the_value_or_only_its_size_when_it_must_be_refused():
         "absent": True,
         "after_digest": digest({"content": "n"}),
     }
+
+
+def test_an_after_function_that_cannot_say_leaves_the_after_image_to_a_read_after_the_call():
+    def unsure(args, before):
+        raise AfterUnknown("cannot tell")
+
+    pre = PreImage(read=read, restore=restore, after=unsure)
+    body = pre.body({"content": "n"}, {"content": "old"})
+    assert body == {"value": {"content": "old"}, "absent": False} and pre.reads_after(body)
+    assert not PRE.reads_after(PRE.body({"content": "n"}, {"content": "old"}))
+
+
+def test_every_preset_tool_works_out_its_after_image_before_the_call():
+    """One SAFE read a call: the presets' after-images come with their pre-images."""
+    from undolog.gateway.preimages import PRESETS, build
+
+    async def never(tool, args):
+        raise AssertionError("no upstream call")
+
+    graph = {
+        "entities": [{"name": "A", "entityType": "person", "observations": ["x"]}],
+        "relations": [],
+    }
+    states = {"filesystem": {"content": "old text\n"}, "memory": graph}
+    args = {
+        "path": "/w/a",
+        "content": "x",
+        "source": "/w/a",
+        "destination": "/w/b",
+        "edits": [{"oldText": "old", "newText": "new"}],
+        "entities": [{"name": "B", "entityType": "person", "observations": []}],
+        "observations": [{"entityName": "A", "contents": ["y"]}],
+        "deletions": [{"entityName": "A", "observations": ["x"]}],
+        "entityNames": ["A"],
+        "relations": [{"from": "A", "to": "B", "relationType": "knows"}],
+    }
+    for preset, tools in PRESETS.items():
+        for name, declaration in tools.items():
+            pre = build(declaration, never, never)
+            assert not pre.reads_after(pre.body(args, states[preset])), f"{preset}.{name}"
 
 
 def test_digests_are_of_canonical_json():

@@ -4,11 +4,15 @@ it back for a compare-and-restore, the seal's rotation, and dropping after the u
 
 from __future__ import annotations
 
+import io
 import json
+import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -18,7 +22,7 @@ from effects.models import Effect, PreImage, Session, UndoEntry
 from effects.preimages import digest
 from ops import retention
 from orgs.models import Event
-from tests.conftest import intercept, open_session
+from tests.conftest import agent_client, eventually, intercept, open_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager")]
 
@@ -219,6 +223,106 @@ def test_the_runs_bound_counts_every_pre_image_it_keeps(acme):
     assert "over the run's bound of 100" in response.json()["message"]
 
 
+@override_settings(UNDOLOG_PRE_IMAGE_RUN_MAX_BYTES=100)
+def test_two_calls_of_one_run_keeping_pre_images_at_once_cannot_both_pass_the_runs_bound(acme):
+    """Real concurrent clients: both requests wait on the run's row (held here) with their
+    statements begun, so a bound checked against a sum read before the wait lets both in."""
+    register(acme, {**DECLARATION, "over_bound": "refuse"})
+    session_id = open_session(acme)
+    effects = [call(acme, session_id, step, f"content {step}") for step in (1, 2, 3)]
+    keep(acme, effects[0], value={"content": "warm"})  # the key is remembered: the fast path answers
+    kept_before = Session.objects.get(pk=session_id).pre_image_bytes
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_run() -> None:
+        with transaction.atomic():
+            Session.objects.select_for_update().get(pk=session_id)
+            holding.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_run)
+    holder.start()
+    assert holding.wait(30)
+    answers: list = []
+
+    def post(n: int) -> None:
+        answers.append(agent_client(acme.key).post(f"/api/v1/effects/{effects[n + 1]['id']}/pre-image",
+                                                   {"value": {"content": "x" * 60}}, format="json"))
+        connection.close()
+
+    clients = [threading.Thread(target=post, args=(n,)) for n in range(2)]
+    for client in clients:
+        client.start()
+    waiting_on_the_run(2)
+    release.set()
+    for thread in (holder, *clients):
+        thread.join(60)
+
+    assert sorted(a.status_code for a in answers) == [201, 409], [a.content for a in answers]
+    refused = next(a for a in answers if a.status_code == 409).json()
+    assert refused["error"] == "pre_image_over_bound" and "over the run's bound of 100" in refused["message"]
+    kept = PreImage.objects.filter(session_id=session_id)
+    assert kept.count() == 2
+    assert Session.objects.get(pk=session_id).pre_image_bytes == sum(p.size for p in kept) == kept_before + 74
+
+
+def test_the_same_calls_pre_image_sent_twice_at_once_is_kept_once_and_both_are_answered(acme):
+    """Both requests read "none kept" and then wait on the run's row: the second's insert meets the
+    first's, and it is answered as a retry (200), not with an error."""
+    register(acme)
+    session_id = open_session(acme)
+    keep(acme, call(acme, session_id, 1, "warm"), value={"content": "warm"})  # the key is remembered
+    effect = call(acme, session_id, 2)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_run() -> None:
+        with transaction.atomic():
+            Session.objects.select_for_update().get(pk=session_id)
+            holding.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_run)
+    holder.start()
+    assert holding.wait(30)
+    answers: list = []
+
+    def post() -> None:
+        answers.append(agent_client(acme.key).post(f"/api/v1/effects/{effect['id']}/pre-image",
+                                                   {"value": {"content": SECRET}}, format="json"))
+        connection.close()
+
+    clients = [threading.Thread(target=post) for _ in range(2)]
+    for client in clients:
+        client.start()
+    waiting_on_the_run(2)
+    release.set()
+    for thread in (holder, *clients):
+        thread.join(60)
+
+    assert sorted(a.status_code for a in answers) == [200, 201], [a.content for a in answers]
+    assert {a.json()["decision"] for a in answers} == {"execute"}
+    assert PreImage.objects.filter(entry__effect_id=effect["id"]).count() == 1
+    assert Session.objects.get(pk=session_id).pre_image_bytes == sum(p.size for p in PreImage.objects.all())
+
+
+def waiting_on_the_run(count: int) -> None:
+    """Until `count` requests wait on a lock (PostgreSQL), or a moment (SQLite: its writers wait on
+    the database's one write lock, which nothing here can observe)."""
+    if connection.vendor != "postgresql":
+        time.sleep(1)
+        return
+    eventually(lambda: _lock_waiters() >= count)
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = "
+                       "current_database()")
+        return cursor.fetchone()[0]
+
+
 # ---------------------------------------------------------------- the claim and the after-image
 
 
@@ -263,6 +367,61 @@ def test_a_key_rotation_keeps_old_pre_images_restorable(acme):
         PreImage.objects.get().value()
 
 
+def test_a_rotation_then_reseal_then_dropping_the_old_key_keeps_every_entry_restorable(acme):
+    register(acme)
+    one, two = "key-one-0123456789-0123456789-0123", "key-two-0123456789-0123456789-0123"
+    with override_settings(UNDOLOG_SEAL_KEY=one, UNDOLOG_SEAL_KEYS_OLD=[]):
+        session_id = open_session(acme)
+        for step in (1, 2, 3):
+            effect = call(acme, session_id, step, f"mine {step}")
+            keep(acme, effect, value={"content": f"{SECRET} {step}"})
+            acme.api.post(f"/api/v1/effects/{effect['id']}/commit", {"result": {}}, format="json")
+        legacy = PreImage.objects.order_by("pk").last()  # sealed as before AES-GCM: a Fernet token
+        legacy.sealed = seal._configured().fernet().encrypt(json.dumps({"value": {"content": "legacy"}}).encode())
+        legacy.save(update_fields=["sealed"])
+    with override_settings(UNDOLOG_SEAL_KEY=two, UNDOLOG_SEAL_KEYS_OLD=[one]):
+        out = io.StringIO()
+        call_command("reseal_preimages", stdout=out)
+        assert out.getvalue().startswith("resealed 3 pre-images; 0 under the current key"), out.getvalue()
+        again = io.StringIO()
+        call_command("reseal_preimages", stdout=again)  # run twice: nothing left to do
+        assert again.getvalue().startswith("resealed 0 pre-images; 3 under the current key"), again.getvalue()
+    with override_settings(UNDOLOG_SEAL_KEY=two, UNDOLOG_SEAL_KEYS_OLD=[]):  # the old key dropped
+        values = [kept.value() for kept in PreImage.objects.order_by("pk")]
+        assert values == [{"content": f"{SECRET} 1"}, {"content": f"{SECRET} 2"}, {"content": "legacy"}]
+        acme.api.post(f"/api/v1/sessions/{session_id}/fail", {"error": "roll back"}, format="json")
+        restored = []
+        for _ in values:  # the walk hands them out one by one, newest first
+            [entry] = acme.api.post("/api/v1/undo-entries/claim", {}, format="json").json()["entries"]
+            restored.append(entry["pre_image"]["value"])
+            acme.api.post(f"/api/v1/undo-entries/{entry['id']}/report", {"ok": True}, format="json")
+        assert restored == values[::-1]
+    assert all(SECRET not in bytes(kept.sealed).decode("latin-1") for kept in PreImage.objects.all())
+
+
+def test_reseal_says_which_pre_images_no_configured_key_opens(acme):
+    register(acme)
+    with override_settings(UNDOLOG_SEAL_KEY="key-one-0123456789-0123456789-0123", UNDOLOG_SEAL_KEYS_OLD=[]):
+        keep(acme, call(acme, open_session(acme), 1), value={"content": SECRET})
+    kept = PreImage.objects.get()
+    with override_settings(UNDOLOG_SEAL_KEY="key-two-0123456789-0123456789-0123", UNDOLOG_SEAL_KEYS_OLD=[]), \
+            pytest.raises(CommandError, match=f"no configured seal key opens pre-images {kept.pk}"):
+        call_command("reseal_preimages", stdout=io.StringIO())
+    assert bytes(PreImage.objects.get().sealed) == bytes(kept.sealed)  # left as it was
+
+
+def test_reseal_leaves_a_dropped_pre_image_dropped(acme):
+    register(acme)
+    with override_settings(UNDOLOG_SEAL_KEY="key-one-0123456789-0123456789-0123", UNDOLOG_SEAL_KEYS_OLD=[]):
+        keep(acme, call(acme, open_session(acme), 1), value={"content": SECRET})
+    kept = PreImage.objects.get()
+    PreImage.objects.filter(pk=kept.pk).update(sealed=b"", dropped_at=timezone.now())  # dropped meanwhile
+    with override_settings(UNDOLOG_SEAL_KEY="key-two-0123456789-0123456789-0123",
+                           UNDOLOG_SEAL_KEYS_OLD=["key-one-0123456789-0123456789-0123"]):
+        assert kept.reseal() is False
+    assert bytes(PreImage.objects.get().sealed) == b""
+
+
 # ---------------------------------------------------------------- dropping
 
 
@@ -302,5 +461,6 @@ def test_keeping_one_within_its_bounds_is_one_statement_on_postgresql(acme):
     kept = PreImage.objects.get(entry__effect_id=effect["id"])
     assert kept.value() == {"content": SECRET} and not kept.held and kept.session_id == kept.entry.session_id
     statements = [q["sql"] for q in queries.captured_queries if "effects_preimage" in q["sql"]]
-    # PostgreSQL: the fast path's one statement; SQLite: the view's read, sum and insert.
-    assert len(statements) == (1 if connection.vendor == "postgresql" else 3), statements
+    # PostgreSQL: the fast path's one statement; SQLite: the view's read and insert (the run's
+    # bytes are a counter on its row, raised by an update of effects_session: no sum).
+    assert len(statements) == (1 if connection.vendor == "postgresql" else 2), statements

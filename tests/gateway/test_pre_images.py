@@ -160,6 +160,62 @@ def test_a_pre_image_over_the_bound_holds_the_call_for_a_person(files, acme):
     assert kept.held and kept.value() == {"content": big}  # its undo is kept before it may run
 
 
+# ---------------------------------------------------------------- one SAFE read a call
+
+
+def logged(command: list[str], log: Path) -> list[str]:
+    """The upstream's command with what the gateway sends it copied to `log` (JSON-RPC lines)."""
+    return ["sh", "-c", 'tee -a "$0" | exec "$@"', str(log), *command]
+
+
+def tool_calls(log: Path) -> list[str]:
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [m["params"]["name"] for m in lines if m.get("method") == "tools/call"]
+
+
+EDITS = [  # the file before, and the edits: the server's exact, line-ending and indentation rules
+    (b"alpha\nbeta\ngamma\n", [{"oldText": "beta", "newText": "BETA"}]),
+    (b"# Title\r\n\r\nold paragraph\r\n", [{"oldText": "old paragraph", "newText": "new\r\nparagraph"}]),
+    (b"def f():\n    if x:\n        return 1\n",
+     [{"oldText": "if x:\n    return 1", "newText": "if y:\n    return 2\n    # done"}]),
+    (b"def f():\n\tif x:\n\t\treturn 1\n", [{"oldText": "  if x:\n      return 1", "newText": "if y:\n  return 2"}]),
+    (b"class A:\n    def f(self):\n        return 1\n",
+     [{"oldText": "def f(self):\n  return 1", "newText": "def g(self):\n      return 2\n  # relative"}]),
+    (b"price: 10\n", [{"oldText": "10", "newText": "$& and $$ and $` and $' and $1"}]),
+    (b"a\nb\nc\nb\n", [{"oldText": "b", "newText": "B"}, {"oldText": "c\nb", "newText": "C"}]),
+    (b"unchanged\n", [{"oldText": "unchanged", "newText": "dry"}], True),
+]
+
+
+def test_an_edit_reads_the_file_once_and_its_after_image_is_what_the_server_wrote(files, acme):
+    """The after-image of an edit is worked out before the call (gateway/after.py): for each of the
+    server's editing rules, its digest is the digest of the file as the real server left it, and
+    the upstream sees one read_text_file per edit_file, none after it."""
+    root, log = files.root, files.root.parent / "upstream.log"
+    config = files.config.read_text()
+    server_command = json.loads(config.split("[servers.files]\ncommand = ")[1].split("\n")[0])
+    files.config.write_text(config.replace(json.dumps(server_command), json.dumps(logged(server_command, log))))
+
+    async def scenario():
+        async with files.client() as client:
+            for n, (content, edits, *dry) in enumerate(EDITS):
+                path = root / f"edit{n}.txt"
+                path.write_bytes(content)
+                args = {"path": str(path), "edits": edits, **({"dryRun": True} if dry else {})}
+                result = await client.call_tool("edit_file", args)
+                assert not result.is_error, (n, text(result))
+
+    anyio.run(scenario)
+
+    kept = list(PreImage.objects.filter(session=session_of(acme)).order_by("entry__step_index"))
+    assert len(kept) == len(EDITS)
+    for n, pre in enumerate(kept):
+        after = (root / f"edit{n}.txt").read_bytes().decode()
+        assert pre.after_digest == digest_of(after), (n, after)
+        assert pre.before_digest == digest_of(EDITS[n][0].decode())
+    assert tool_calls(log) == ["read_text_file", "edit_file"] * len(EDITS)
+
+
 # ---------------------------------------------------------------- the memory server's graph
 
 MEMORY = NPM / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / "index.js"
@@ -213,3 +269,129 @@ preset = "memory"
     assert session.state == "compensated", "; ".join(f"{e.fn_name} {e.state} {e.last_error}" for e in
                                                      UndoEntry.objects.filter(session=session))
     assert graph(store) == before
+
+
+# ---------------------------------------------------------------- the README's example, as it is
+
+README = BASE_DIR / "README.md"
+
+
+def readme_example() -> tuple[str, str]:
+    """The README's pre-image example, cut where its rollback begins: (up to the rewind, the rest)."""
+    text = README.read_text()
+    block = text.split("<!-- example: pre-image-edits", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    cut = block.index('await session.call_tool("undolog_fail_run"')
+    return block[:cut], block[cut:]
+
+
+class Checked:
+    """The client session, failing the test on any tool result that is an error."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+
+    async def call_tool(self, name: str, args: dict):
+        result = await self.session.call_tool(name, args)
+        assert not result.is_error, (name, text(result))
+        return result
+
+
+async def run_block(code: str, root: Path, session) -> None:
+    """The block run as a reader would paste it, its top-level awaits included."""
+    import ast
+
+    compiled = compile(code.replace("/home/me/project", str(root)), "README.md", "exec",
+                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    pending = eval(compiled, {"session": Checked(session)})
+    if pending is not None:
+        await pending
+
+
+def test_the_readme_example_undoes_a_coding_agents_edits_by_a_rewind_and_by_a_rollback(tmp_path, harness,
+                                                                                        filesystem_server, acme):
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "app.py").write_bytes(b"print('v1')\n")
+    (root / "README.md").write_bytes(b"# Project v1\r\n\r\nSome text.\r\n")
+    before = snapshot(root)
+    gateway = harness()
+    gateway.config.write_text(gateway.config.read_text().split("[servers.tracker]")[0] + f"""
+[servers.files]
+command = {json.dumps([shutil.which("node"), str(filesystem_server), str(root)])}
+preset = "filesystem"
+""")
+    to_rewind, to_roll_back = readme_example()
+    seen = {}
+
+    async def scenario():
+        async with gateway.client() as client:
+            await run_block(to_rewind, root, client)
+            seen["after the rewind"] = snapshot(root)
+            await run_block(to_roll_back, root, client)
+            await wait_for(lambda: state_of(acme) in ("compensated", "compensation_failed"))
+
+    anyio.run(scenario)
+
+    assert seen["after the rewind"] == {**before, "app.py": b"print('v2')\n"}  # README.md with its CRLF
+    session = session_of(acme)
+    assert session.state == "compensated", "; ".join(f"{e.fn_name} {e.state} {e.last_error}" for e in
+                                                     UndoEntry.objects.filter(session=session))
+    assert snapshot(root) == before
+    assert session.rewinds == 1
+
+
+GRAPH_CALLS = [  # each memory tool, on entities that exist and do not, with duplicates and no-ops
+    ("create_entities", {"entities": [{"name": "Ben", "entityType": "person", "observations": ["new"]},
+                                      {"name": "Ana", "entityType": "robot", "observations": ["ignored"]}]}),
+    ("add_observations", {"observations": [{"entityName": "Ana", "contents": ["moved", "likes tea", "moved"]}]}),
+    ("create_relations", {"relations": [{"from": "Ben", "to": "Ana", "relationType": "knows"},
+                                        {"from": "Ana", "to": "Acme", "relationType": "works_at"},
+                                        {"from": "Ghost", "to": "Ana", "relationType": "haunts"}]}),
+    ("delete_observations", {"deletions": [{"entityName": "Ana", "observations": ["likes tea", "never said"]},
+                                           {"entityName": "Nobody", "observations": ["x"]}]}),
+    ("delete_relations", {"relations": [{"from": "Ana", "to": "Acme", "relationType": "works_at"},
+                                        {"from": "Ben", "to": "Ana", "relationType": "unknown"}]}),
+    ("delete_entities", {"entityNames": ["Acme", "Nobody"]}),
+]
+
+
+def test_a_memory_call_reads_the_graph_once_and_its_after_image_is_what_a_read_after_finds(
+        tmp_path, harness, filesystem_server, acme):
+    from undolog.gateway.preimages import MEMORY as DECLARED
+    from undolog.gateway.preimages import _unordered
+    from undolog.preimages import digest, render
+
+    store, log = tmp_path / "memory.jsonl", tmp_path / "upstream.log"
+    store.write_text("\n".join(json.dumps(row) for row in [
+        {"type": "entity", "name": "Ana", "entityType": "person", "observations": ["likes tea", "works at Acme"]},
+        {"type": "entity", "name": "Acme", "entityType": "company", "observations": []},
+        {"type": "relation", "from": "Ana", "to": "Acme", "relationType": "works_at"},
+    ]) + "\n")
+    gateway = harness()
+    gateway.config.write_text(gateway.config.read_text().split("[servers.tracker]")[0] + f"""
+[servers.memory]
+command = {json.dumps(logged([shutil.which("node"), str(MEMORY)], log))}
+env = {{ MEMORY_FILE_PATH = {json.dumps(str(store))} }}
+preset = "memory"
+trusted = true  # its reads are SAFE: the test reads the graph through the gateway
+""")
+    found = []
+
+    async def scenario():
+        async with gateway.client() as client:
+            for name, args in GRAPH_CALLS:
+                result = await client.call_tool(name, args)
+                assert not result.is_error, (name, text(result))
+                names = render(DECLARED[name]["before"]["args"], args)["names"]
+                read = await client.call_tool("open_nodes", {"names": names})  # the test's own read
+                assert not read.is_error, text(read)
+                found.append(digest(_unordered(read.structured_content)))
+
+    anyio.run(scenario)
+
+    kept = list(PreImage.objects.filter(session=session_of(acme)).order_by("entry__step_index"))
+    assert [pre.after_digest for pre in kept] == found
+    expected = []
+    for name, _args in GRAPH_CALLS:  # the gateway's before read, the call, then the test's read
+        expected += ["open_nodes", name, "open_nodes"]
+    assert tool_calls(log) == expected

@@ -20,9 +20,10 @@ Flow = Generator[Any, Any, Any]
 def keep(
     session: Any, tool: Any, pre: PreImage, effect: Mapping[str, Any], args: dict[str, Any]
 ) -> Flow:
-    """Read the target, keep what is there on the server, and answer the effect to run: this one,
+    """Read the target, keep what is there on the server, and answer the effect to run (this one,
     or, after a hold over the bound, the same one once a person approved it and this caller
-    started it. A failed read fails the effect (it never ran) and raises PreImageError."""
+    started it) and whether the target must be read again after the call (no after-image came
+    with the pre-image). A failed read fails the effect (it never ran) and raises PreImageError."""
     from .session import Local, edited_args
 
     effect_id = effect.get("id")
@@ -35,15 +36,16 @@ def keep(
         raise PreImageError(f"{tool.name} was {error}; a call never runs without its undo") from exc
     body = pre.body(run_args, ABSENT if state is ABSENT else state)
     answer = yield Call("POST", f"/api/v1/effects/{effect_id}/pre-image", body)
+    read_after = pre.reads_after(body)
     if answer.get("decision") == "execute":
-        return effect
+        return effect, read_after
     # Over its bound, held for a person: wait as for an irreversible call, then start it.
     settled = yield from session._settle(tool, answer, answer.get("effect") or {})
     if settled.get("state") == "approved" and not (yield from session._claim(settled)):
         raise EffectInFlight(
             f"{tool.name}: another caller started this approved call; not running it twice"
         )
-    return {**effect, **settled}
+    return {**effect, **settled}, read_after
 
 
 def after_image(pre: PreImage, effect_id: Any, args: dict[str, Any]) -> Flow:

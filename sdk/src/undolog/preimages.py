@@ -30,6 +30,7 @@ SHA-256 of its canonical JSON (sorted keys, no spaces, UTF-8), as on the server.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -42,6 +43,7 @@ from .compensations import PermanentCompensationError
 
 __all__ = [
     "ABSENT",
+    "AfterUnknown",
     "PreImage",
     "PreImageError",
     "compare_and_restore",
@@ -77,6 +79,11 @@ ABSENT = _Absent()
 
 class PreImageError(Exception):
     """The before read failed: the call was not run (a call never runs without its undo)."""
+
+
+class AfterUnknown(Exception):
+    """Raised by an ``after`` function that cannot say what this call will leave: the target is
+    then read again after the call (with ``check``, else ``before``), a second read."""
 
 
 def canonical(value: Any) -> bytes:
@@ -163,8 +170,9 @@ class PreImage:
     ``read(args)``: the target's state, or ``ABSENT``. ``check(args)``: the state the restore
     compares (default ``read``; a move reads its destination). ``restore(args, before)`` puts
     ``before`` back; ``restore_absent(args)`` removes what the call created (None: nothing to
-    do). ``after(args, before)``: what the call leaves, from its args (a write's content), or
-    None to read it with ``check`` right after the call.
+    do). ``after(args, before)``: what the call leaves, from its args (a write's content) and
+    what was there (an edit), or None to read it with ``check`` right after the call (as when
+    it raises ``AfterUnknown``).
     """
 
     read: Callable[[Mapping[str, Any]], Any]
@@ -234,8 +242,13 @@ class PreImage:
             return {"size": size, "over_bound": True}
         body: dict[str, Any] = {"value": value, "absent": absent}
         if self.after is not None:
-            body["after_digest"] = digest(self.after(args, value))
+            with contextlib.suppress(AfterUnknown):  # then read after the call (``reads_after``)
+                body["after_digest"] = digest(self.after(args, value))
         return body
+
+    def reads_after(self, body: Mapping[str, Any]) -> bool:
+        """Whether the target is read again after the call: no after-image came with ``body``."""
+        return "after_digest" not in body
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -534,14 +534,14 @@ class Session:
             # The before read, kept before the call runs (a hold waits for a person first).
             from .preimage_flow import after_image, keep
 
-            effect = yield from keep(self, tool, pre, effect, args or {})
+            effect, read_after = yield from keep(self, tool, pre, effect, args or {})
         try:
             result = yield _run_for(effect)
         except Exception as exc:
             yield from self._report_failure(effect_id, exc)
             raise
         yield from self._commit(effect_id, result)
-        if pre is not None and pre.after is None:
+        if pre is not None and read_after:
             yield from after_image(pre, effect_id, args or {})
         return result
 

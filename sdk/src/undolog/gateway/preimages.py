@@ -53,7 +53,9 @@ FILESYSTEM: dict[str, dict[str, Any]] = {
             "tool": "write_file",
             "args": {"path": "{path}", "content": "{before.content}"},
         },
-        "after": "read",  # the edited text is not in the args: read it again after the call
+        # The edited text is not in the args: worked out from the text read before and the
+        # edits, as the server edits (after.py), so no read after the call.
+        "after": {"fn": "filesystem.edit_file"},
     },
     "move_file": {
         "before": {"tool": "read_text_file", "args": {"path": "{source}"}},
@@ -75,10 +77,11 @@ FILESYSTEM: dict[str, dict[str, Any]] = {
 }
 
 
-def _graph(names: str, **extra: Any) -> dict[str, Any]:
+def _graph(tool: str, names: str) -> dict[str, Any]:
     """A memory tool's declaration: the entities it names, read with their relations before the
     call (``open_nodes``: every relation with an end among them), and put back by deleting them
-    (their relations go with them) and creating what was there again."""
+    (their relations go with them) and creating what was there again. What the call leaves is
+    worked out from that read and the args, as the server applies them (after.py)."""
     return {
         "before": {"tool": "open_nodes", "args": {"names": names}},
         "compare": "unordered",
@@ -87,18 +90,17 @@ def _graph(names: str, **extra: Any) -> dict[str, Any]:
             {"tool": "create_entities", "args": {"entities": "{before.entities}"}},
             {"tool": "create_relations", "args": {"relations": "{before.relations}"}},
         ],
-        "after": "read",  # what the graph holds after the call is not in its args
-        **extra,
+        "after": {"fn": f"memory.{tool}"},
     }
 
 
 MEMORY: dict[str, dict[str, Any]] = {
-    "create_entities": _graph("{entities[*].name}"),
-    "add_observations": _graph("{observations[*].entityName}"),
-    "delete_observations": _graph("{deletions[*].entityName}"),
-    "delete_entities": _graph("{entityNames}"),
-    "create_relations": _graph("{relations[*].from}"),
-    "delete_relations": _graph("{relations[*].from}"),
+    "create_entities": _graph("create_entities", "{entities[*].name}"),
+    "add_observations": _graph("add_observations", "{observations[*].entityName}"),
+    "delete_observations": _graph("delete_observations", "{deletions[*].entityName}"),
+    "delete_entities": _graph("delete_entities", "{entityNames}"),
+    "create_relations": _graph("create_relations", "{relations[*].from}"),
+    "delete_relations": _graph("delete_relations", "{relations[*].from}"),
 }
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {"filesystem": FILESYSTEM, "memory": MEMORY}
@@ -163,7 +165,9 @@ def build(declaration: Mapping[str, Any], call: Call, roots: Callable[[], Any]) 
 
     after_spec = declaration.get("after", "read")
     after = None
-    if after_spec != "read":
+    if isinstance(after_spec, Mapping) and set(after_spec) == {"fn"}:
+        after = derived(after_spec["fn"])  # worked out from the before read and the args (after.py)
+    elif after_spec != "read":
 
         def after(args: Mapping[str, Any], before: Any) -> Any:
             return render(after_spec, {**args, "before": before})
@@ -185,6 +189,15 @@ def build(declaration: Mapping[str, Any], call: Call, roots: Callable[[], Any]) 
         max_bytes=int(declaration.get("max_bytes", 256 * 1024)),
         over_bound=declaration.get("over_bound", "hold"),
     )
+
+
+def derived(name: str) -> Callable[[Mapping[str, Any], Any], Any]:
+    """A preset's after-image function (``"after": {"fn": "filesystem.edit_file"}``)."""
+    from .after import DERIVED
+
+    if name not in DERIVED:
+        raise ValueError(f"after: no function {name!r} in the gateway (one of {sorted(DERIVED)})")
+    return DERIVED[name]
 
 
 def _unordered(value: Any) -> Any:
