@@ -1,0 +1,172 @@
+"""LangGraph's time travel takes the world with it (issue 41): a real graph with a real
+checkpointer (InMemorySaver), against the real server, a real worker and a real webhook
+receiver. A thread resumed from an earlier checkpoint rewinds its run to the step that
+checkpoint had reached before the graph goes on: the receiver sees the later calls undone,
+newest first, and the graph's memory and the world agree again. A thread resumed from its
+latest checkpoint rewinds nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import ToolNode
+from undolog import RewindRefused
+from undolog.integrations.langchain import specs, thread_session, wrap_tools
+
+from effects.models import Effect, Session
+from tests.receiver import Receiver
+from tests.sdk import langchain_agent as lc
+from tests.sdk.agent_tools import RAN
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ASK = {"messages": [("user", "Email the owners")]}
+
+
+@pytest.fixture
+def receiver(acme, client):
+    """The LangChain tools registered as the adapter declares them; their undo on a receiver
+    that checks signatures and dedupes by Idempotency-Key."""
+    client.register(*specs(wrap_tools(lc.TOOLS, lc.TIERS)))
+    with Receiver(secrets=[acme.org.webhook_secret]) as receiver:
+        client.register_compensation("undo_send_email", "1.0.0", "webhook", receiver.url)
+        yield receiver
+
+
+def emails(*people: str) -> list:
+    """One model turn per email, then the answer."""
+    return [[("send_email", {"to": f"{who}@example.com"})] for who in people]
+
+
+class Seen:
+    """Around each tool call: how many undos the receiver had acknowledged when it ran."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver, self.undone_before = receiver, {}
+
+    def __call__(self, request, handler):
+        self.undone_before[request.tool_call["args"].get("to")] = len(self.receiver.log)
+        return handler(request)
+
+
+def graph_with(model, seen: Seen | None = None):
+    node = ToolNode(wrap_tools(lc.TOOLS, lc.TIERS), wrap_tool_call=seen)
+    return lc.graph(model, InMemorySaver(), node)
+
+
+def after_tools(agent, config, n: int):
+    """The checkpoint the graph wrote once its n-th tool result was in its memory (the model
+    about to take its next turn)."""
+    return next(s for s in agent.get_state_history(config)
+                if s.next == ("model",) and len(tool_results(s.values["messages"])) == n)
+
+
+def tool_results(messages) -> list[str]:
+    return [m.content for m in messages if isinstance(m, ToolMessage)]
+
+
+def test_going_back_to_an_earlier_checkpoint_undoes_the_later_calls_before_the_graph_goes_on(
+        acme, server, worker, client, receiver):
+    model = lc.scripted([*emails("ana", "ben", "cy"), "Emailed ana, ben and cy.",
+                         *emails("dee"), "Emailed ana and dee."])
+    seen = Seen(receiver)
+    agent = graph_with(model, seen)
+    config = {"configurable": {"thread_id": "travel-1"}}
+    with thread_session(client, agent, config, agent="cleanup") as first:
+        agent.invoke(ASK, first.config)
+    assert Session.objects.get(pk=first.session.id).state == "completed"
+    assert receiver.log == [] and first.rewound is None
+
+    # Time travel: back to the checkpoint after ana's email, and on from there.
+    back = after_tools(agent, config, 1)
+    assert back.metadata["undolog_step"] == 1 and back.metadata["undolog_session"] == first.session.id
+    with thread_session(client, agent, back.config, agent="cleanup") as run:
+        result = agent.invoke(None, run.config)
+
+    assert run.resumed and run.session.id == first.session.id  # the completed run, reopened
+    assert run.rewound["resumes_at"] == 1
+    assert [(i["step_index"], i["tool"]) for i in run.rewound["to_undo"]] == [(3, "send_email"), (2, "send_email")]
+    assert [d.body["args"]["to"] for d in receiver.log] == ["cy@example.com", "ben@example.com"]  # newest first
+    assert not receiver.duplicates and all(d.verified for d in receiver.log)
+    assert seen.undone_before["dee@example.com"] == 2  # both undone before the graph went on
+    # Memory and world agree: the graph remembers ana and dee, and so does the effect log.
+    assert tool_results(result["messages"]) == ["sent to ana@example.com", "sent to dee@example.com"]
+    assert [f"send_email {w}@example.com" for w in ("ana", "ben", "cy", "dee")] == RAN
+    live = Effect.objects.filter(session_id=first.session.id, state="committed").order_by("step_index")
+    assert [(e.step_index, e.args["to"]) for e in live] == [(1, "ana@example.com"), (2, "dee@example.com")]
+    session = Session.objects.get(pk=first.session.id)
+    assert (session.state, session.rewinds, session.step_index) == ("completed", 1, 2)
+    # The checkpoints written on the new branch carry the new steps.
+    assert agent.get_state(config).metadata["undolog_step"] == 2
+
+
+def test_going_on_from_the_latest_checkpoint_rewinds_nothing(acme, server, worker, client, receiver):
+    model = lc.scripted([*emails("ana", "ben"), "Emailed both.", *emails("cy"), "Emailed cy too."])
+    agent = graph_with(model)
+    config = {"configurable": {"thread_id": "travel-2"}}
+    with thread_session(client, agent, config, agent="cleanup") as first:
+        agent.invoke(ASK, first.config)
+
+    latest = agent.get_state(config)  # addressed by its id, as a history browser would
+    with thread_session(client, agent, latest.config, agent="cleanup") as run:
+        result = agent.invoke({"messages": [("user", "Email cy too")]}, run.config)
+
+    assert run.rewound is None and not run.travel.back
+    assert run.session.id != first.session.id  # the first run had completed: a new run of the thread
+    assert receiver.log == []
+    assert tool_results(result["messages"]) == [f"sent to {w}@example.com" for w in ("ana", "ben", "cy")]
+    assert Effect.objects.filter(session_id=first.session.id, state="committed").count() == 2
+
+
+def test_a_fork_by_update_state_goes_back_to_the_checkpoint_it_forked(acme, server, worker, client, receiver):
+    # The async block, and a fork: update_state on an earlier checkpoint writes a new one (its
+    # parent's world), and the graph goes on from it.
+    model = lc.scripted([*emails("ana", "ben"), "Emailed both.", *emails("eve"), "Emailed ana and eve."])
+    agent = graph_with(model)
+    config = {"configurable": {"thread_id": "travel-3"}}
+
+    async def play():
+        async with thread_session(client, agent, config, agent="cleanup") as first:
+            await agent.ainvoke(ASK, first.config)
+        back = after_tools(agent, config, 1)
+        fork = await agent.aupdate_state(back.config, {"messages": [HumanMessage("Not ben: email eve.")]})
+        async with thread_session(client, agent, fork, agent="cleanup") as run:
+            result = await agent.ainvoke(None, run.config)
+        return first, run, result
+
+    first, run, result = asyncio.run(play())
+
+    assert run.session.id == first.session.id and run.rewound["resumes_at"] == 1
+    assert [d.body["args"]["to"] for d in receiver.log] == ["ben@example.com"]
+    assert tool_results(result["messages"]) == ["sent to ana@example.com", "sent to eve@example.com"]
+    assert Session.objects.get(pk=first.session.id).state == "completed"
+
+
+def test_an_irreversible_call_after_the_checkpoint_refuses_the_travel_unless_it_is_left_done(
+        acme, server, worker, client, receiver):
+    assert acme.admin.post("/api/v1/rules", {"name": "let-delete", "condition": 'tool.name == "delete_account"',
+                                             "outcome": "approve"}, format="json").status_code == 201
+    model = lc.scripted([*emails("ana"), [("delete_account", {"account_id": "acct-101"})], *emails("ben"),
+                         "Done.", "Nothing more to do."])
+    agent = graph_with(model)
+    config = {"configurable": {"thread_id": "travel-4"}}
+    with thread_session(client, agent, config, agent="cleanup") as first:
+        agent.invoke(ASK, first.config)
+    back = after_tools(agent, config, 1)
+
+    with pytest.raises(RewindRefused) as refused, thread_session(client, agent, back.config, agent="cleanup"):
+        raise AssertionError("the graph must not go on")
+    assert refused.value.code == "irreversible_in_the_way"
+    assert [(i["tool"], i["step_index"]) for i in refused.value.irreversible] == [("delete_account", 2)]
+    assert receiver.log == [] and Session.objects.get(pk=first.session.id).state == "completed"
+
+    with thread_session(client, agent, back.config, agent="cleanup", leave_irreversible=True) as run:
+        result = agent.invoke(None, run.config)
+
+    assert [i["tool"] for i in run.rewound["left_done"]] == ["delete_account"]
+    assert [d.body["args"]["to"] for d in receiver.log] == ["ben@example.com"]
+    assert result["messages"][-1].content == "Nothing more to do."
+    assert Effect.objects.get(session_id=first.session.id, tool_name="delete_account").state == "committed"
