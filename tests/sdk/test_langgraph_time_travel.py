@@ -8,10 +8,12 @@ latest checkpoint rewinds nothing."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
-from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from undolog import RewindRefused
 from undolog.integrations.langchain import specs, thread_session, wrap_tools
@@ -170,3 +172,48 @@ def test_an_irreversible_call_after_the_checkpoint_refuses_the_travel_unless_it_
     assert [d.body["args"]["to"] for d in receiver.log] == ["ben@example.com"]
     assert result["messages"][-1].content == "Nothing more to do."
     assert Effect.objects.get(session_id=first.session.id, tool_name="delete_account").state == "committed"
+
+
+class SlowSaver(InMemorySaver):
+    """Saves each checkpoint 0.3 s late, as a distant database might. LangGraph saves in the
+    background, one checkpoint after the other, so the next steps' tools run meanwhile."""
+
+    def put(self, *args, **kwargs):
+        time.sleep(0.3)
+        return super().put(*args, **kwargs)
+
+
+def test_a_checkpoint_saved_while_the_next_steps_tools_run_gets_its_own_step(acme, server, worker, client, receiver):
+    # Three nodes in a row, each sending one email: the checkpoint after the first is saved while
+    # the second and third already sent theirs. It records step 1 (its own calls), not what the
+    # run had reached by the time it was saved.
+    [send_email] = [t for t in wrap_tools(lc.TOOLS, lc.TIERS) if t.name == "send_email"]
+
+    def emailing(who: str):
+        def node(state: MessagesState) -> dict:
+            send_email.invoke({"to": f"{who}@example.com"})
+            return {"messages": [AIMessage(f"emailed {who}")]}
+        return node
+
+    builder = StateGraph(MessagesState)
+    for who in ("ana", "ben", "cy"):
+        builder.add_node(who, emailing(who))
+    builder.add_edge(START, "ana")
+    builder.add_edge("ana", "ben")
+    builder.add_edge("ben", "cy")
+    builder.add_edge("cy", END)
+    agent = builder.compile(checkpointer=SlowSaver())
+    config = {"configurable": {"thread_id": "travel-5"}}
+    with thread_session(client, agent, config, agent="cleanup") as first:
+        agent.invoke(ASK, first.config)
+
+    after_ana = next(s for s in agent.get_state_history(config) if s.next == ("ben",))
+    assert after_ana.metadata["undolog_step"] == 1
+    with thread_session(client, agent, after_ana.config, agent="cleanup") as run:
+        agent.invoke(None, run.config)
+
+    assert run.rewound["resumes_at"] == 1
+    assert [d.body["args"]["to"] for d in receiver.log] == ["cy@example.com", "ben@example.com"]
+    live = Effect.objects.filter(session_id=first.session.id, state="committed").order_by("step_index")
+    assert [(e.step_index, e.args["to"]) for e in live] == [(1, "ana@example.com"), (2, "ben@example.com"),
+                                                           (3, "cy@example.com")]
