@@ -31,6 +31,14 @@ LINES = """() => Array.from(document.querySelectorAll('#timeline > li')).map(li 
                        : li.querySelector('.step').textContent)"""
 
 
+# The rewind is over and the page shows it: its row in the run's history says done, the run runs.
+DONE = """() => {
+  const row = document.querySelector('#rewinds li[data-rewind]');
+  return !!row && /·\\s*done \\d/.test(row.textContent)
+    && document.getElementById('session-summary').dataset.state === 'running';
+}"""
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 def test_a_savepoint_sits_on_the_timeline_and_a_reviewer_rolls_the_run_back_to_it(acme, server, browser,
                                                                                    worker, size):
@@ -64,8 +72,8 @@ def test_a_savepoint_sits_on_the_timeline_and_a_reviewer_rolls_the_run_back_to_i
             listed = page.locator("#rewind-undo li").all_inner_texts()
             page.fill("#confirm-input", "back to the draft")
             page.click("#confirm-ok")
-            page.wait_for_selector("#session-summary[data-state=running]", timeout=20_000)
-            page.wait_for_selector("#rewinds li[data-rewind]")
+            # The page as it was still says running: wait for the rewind's row to say it is done.
+            page.wait_for_function(DONE, timeout=20_000)
             history = page.inner_text("#rewinds li[data-rewind]")
             after = page.evaluate(LINES)
             buttons = page.locator(".rewind-button").evaluate_all(
