@@ -217,3 +217,36 @@ def test_a_checkpoint_saved_while_the_next_steps_tools_run_gets_its_own_step(acm
     live = Effect.objects.filter(session_id=first.session.id, state="committed").order_by("step_index")
     assert [(e.step_index, e.args["to"]) for e in live] == [(1, "ana@example.com"), (2, "ben@example.com"),
                                                            (3, "cy@example.com")]
+
+
+def test_going_back_to_an_earlier_turn_takes_the_later_runs_of_the_thread_back_whole(
+        acme, server, worker, client, receiver):
+    # A conversation: each turn is a run of its own. Back to the first turn's checkpoint: the
+    # second turn's run is rewound to its start (its calls undone, newest first) and completed,
+    # before the graph goes on; the first run had done nothing since that checkpoint.
+    model = lc.scripted([*emails("ana"), "Emailed ana.", *emails("ben", "cy"), "Emailed ben and cy.",
+                         "Only ana, then."])
+    agent = graph_with(model)
+    config = {"configurable": {"thread_id": "travel-6"}}
+    with thread_session(client, agent, config, agent="cleanup") as turn1:
+        agent.invoke(ASK, turn1.config)
+    with thread_session(client, agent, config, agent="cleanup") as turn2:
+        agent.invoke({"messages": [("user", "Email ben and cy too")]}, turn2.config)
+    assert turn2.session.id != turn1.session.id
+
+    # The first turn's checkpoint after ana's email (the second turn's start has one tool result too).
+    back = next(s for s in agent.get_state_history(config)
+                if s.next == ("model",) and len(s.values["messages"]) == 3)
+    assert back.metadata["undolog_session"] == turn1.session.id
+    with thread_session(client, agent, back.config, agent="cleanup") as run:
+        result = agent.invoke(None, run.config)
+
+    [taken] = run.taken_back
+    assert [i["step_index"] for i in taken["to_undo"]] == [2, 1] and taken["resumes_at"] == 0
+    assert [d.body["args"]["to"] for d in receiver.log] == ["cy@example.com", "ben@example.com"]
+    second = Session.objects.get(pk=turn2.session.id)
+    assert (second.state, second.step_index, second.rewinds) == ("completed", 0, 1)
+    assert run.rewound is None and run.session.id not in (turn1.session.id, turn2.session.id)
+    assert Effect.objects.get(session_id=turn1.session.id).state == "committed"  # ana stays emailed
+    assert tool_results(result["messages"]) == ["sent to ana@example.com"]
+    assert result["messages"][-1].content == "Only ana, then."

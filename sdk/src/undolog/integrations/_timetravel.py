@@ -21,7 +21,8 @@ Two things make that possible:
 2. **Where the graph resumes from** (``where``): the checkpoint the config addresses (or the
    thread's latest), or the nearest stamped checkpoint above it. If that is the thread's newest
    stamped checkpoint, the graph just goes on (a pause, a crash: its calls replay, nothing is
-   rewound); otherwise it is time travel, and the run goes back to the stamp.
+   rewound); otherwise it is time travel: the later runs of the thread (a conversation's later
+   turns) are taken back whole, and the run goes back to the stamp.
 """
 
 from __future__ import annotations
@@ -127,25 +128,22 @@ for _name, _ in inspect.getmembers(BaseCheckpointSaver, inspect.isfunction):
 @dataclass(frozen=True)
 class Travel:
     """The stamped checkpoint a thread resumes from: the run that wrote it, the step it had
-    reached and the run's rewinds then; ``newest``: whether it is the thread's newest stamped
-    checkpoint (then the graph just goes on), and the run that wrote that one."""
+    reached and the run's rewinds then; ``back``: the thread had gone on from it (time travel),
+    and ``later``: the other runs that wrote checkpoints since, newest first (later turns of a
+    conversation: their calls came after it)."""
 
     checkpoint: str
     session: str
     step: int
     epoch: int
-    newest: bool
-    newest_session: str
-
-    @property
-    def back(self) -> bool:
-        """Time travel: the thread resumes from a checkpoint it had gone on from."""
-        return not self.newest
+    back: bool
+    later: tuple[str, ...] = ()
 
 
-#: What ``where`` asks of the checkpointer: ("get", config) → a CheckpointTuple or None;
-#: ("newest", thread config) → the thread's newest stamped CheckpointTuple or None.
-Ask = tuple[str, Mapping[str, Any]]
+#: What ``where`` asks of the checkpointer: ("get", config, None) → a CheckpointTuple or None;
+#: ("newer", thread config, checkpoint id) → the thread's stamped CheckpointTuples newer than
+#: that checkpoint, newest first.
+Ask = tuple[str, Mapping[str, Any], str | None]
 
 
 def where(config: Mapping[str, Any]) -> Generator[Ask, Any, Travel | None]:
@@ -156,18 +154,19 @@ def where(config: Mapping[str, Any]) -> Generator[Ask, Any, Travel | None]:
         return None
     thread = {"configurable": {"thread_id": configurable["thread_id"],
                                "checkpoint_ns": configurable.get("checkpoint_ns", "")}}
-    found = yield ("get", config if configurable.get("checkpoint_id") else thread)
+    found = yield ("get", config if configurable.get("checkpoint_id") else thread, None)
     # update_state's checkpoints carry no stamp: they stand for their parent's world.
     while found is not None and not stamped(found):
-        found = (yield ("get", found.parent_config)) if found.parent_config else None
+        found = (yield ("get", found.parent_config, None)) if found.parent_config else None
     if found is None:
         return None
-    newest = yield ("newest", thread)
+    newer = yield ("newer", thread, found.checkpoint["id"])
     metadata = found.metadata
-    return Travel(checkpoint=found.checkpoint["id"], session=str(metadata[SESSION]),
-                  step=int(metadata[STEP]), epoch=int(metadata.get(EPOCH, 0)),
-                  newest=newest is None or newest.checkpoint["id"] == found.checkpoint["id"],
-                  newest_session=str((newest or found).metadata[SESSION]))
+    session = str(metadata[SESSION])
+    later = tuple(dict.fromkeys(str(t.metadata[SESSION]) for t in newer
+                                if str(t.metadata[SESSION]) != session))
+    return Travel(checkpoint=found.checkpoint["id"], session=session, step=int(metadata[STEP]),
+                  epoch=int(metadata.get(EPOCH, 0)), back=bool(newer), later=later)
 
 
 def stamped(found: Any) -> bool:
@@ -176,20 +175,29 @@ def stamped(found: Any) -> bool:
 
 
 def ask(saver: BaseCheckpointSaver, question: Ask) -> Any:
-    kind, config = question
+    kind, config, after = question
     if kind == "get":
         return saver.get_tuple(config)
-    return next((found for found in saver.list(config) if stamped(found)), None)
+    newer = []
+    for found in saver.list(config):  # newest first; checkpoint ids sort by time
+        if found.checkpoint["id"] <= after:
+            break
+        if stamped(found):
+            newer.append(found)
+    return newer
 
 
 async def aask(saver: BaseCheckpointSaver, question: Ask) -> Any:
-    kind, config = question
+    kind, config, after = question
     if kind == "get":
         return await saver.aget_tuple(config)
+    newer = []
     async for found in saver.alist(config):
+        if found.checkpoint["id"] <= after:
+            break
         if stamped(found):
-            return found
-    return None
+            newer.append(found)
+    return newer
 
 
 def resolve(saver: BaseCheckpointSaver, config: Mapping[str, Any]) -> Travel | None:

@@ -43,6 +43,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command, interrupt
 from pydantic import ConfigDict
 
+from .._http import Call
 from ..client import UndoLogClient
 from ..decorator import DeclaredTool
 from ..errors import (
@@ -504,7 +505,8 @@ class ThreadRun:
     step into the checkpoints. After the block, ``run.interrupted`` says whether the graph
     paused (the session stays running), and ``run.approvals`` lists the calls waiting for a
     reviewer. ``run.rewound`` is the rewind's answer (``to_undo``, ``left_done``,
-    ``resumes_at``) when the thread was resumed from an earlier checkpoint, else None.
+    ``resumes_at``) when the thread was resumed from an earlier checkpoint, else None;
+    ``run.taken_back`` the answers for the later runs of the thread it took back whole.
     """
 
     def __init__(self, client: UndoLogClient, graph: Any, config: RunnableConfig, *,
@@ -527,6 +529,7 @@ class ThreadRun:
         self.leave_irreversible = leave_irreversible
         self.travel: _timetravel.Travel | None = None
         self.rewound: dict[str, Any] | None = None
+        self.taken_back: list[dict[str, Any]] = []  # later runs of the thread, rewound to 0
         self._token: Any = None
 
     # -- finding the thread's session ---------------------------------------------------
@@ -590,11 +593,6 @@ class ThreadRun:
             return None
         where = (f"checkpoint {travel.checkpoint} of thread {self.thread_id} (step {travel.step} "
                  f"of run {travel.session})")
-        if travel.newest_session != travel.session:
-            raise RewindRefused(
-                f"{where} belongs to an earlier run of the thread; the thread went on in run "
-                f"{travel.newest_session}. Going back across runs is not supported: resume from "
-                "a checkpoint of the latest run.", code="rewind_across_runs")
         gone = [r for r in info.get("rewinds") or []
                 if int(r.get("epoch") or 0) > travel.epoch and int(r["to_step"]) < travel.step]
         if gone:
@@ -615,6 +613,49 @@ class ThreadRun:
         assert self.travel is not None
         return (f"LangGraph: thread {self.thread_id} resumed from checkpoint "
                 f"{self.travel.checkpoint}, which had reached step {self.travel.step}")
+
+    def _take_back(self, info: Mapping[str, Any]) -> Session | None:
+        """A later run of the thread (a later turn of the conversation), to be taken back whole
+        before the thread goes back: a session to rewind to step 0 and complete, or None when
+        nothing of it is left in the world. A halted run cannot be rewound: refused."""
+        state, run = info.get("state"), info.get("id")
+        if state in _ROLLED_BACK or not int(info.get("step_index") or 0):
+            return None
+        if state == "halted":
+            raise RewindRefused(
+                f"Run {run}, a later run of thread {self.thread_id}, was halted by a reviewer and "
+                "cannot be rewound: going back before it would leave its calls done. Resume from a "
+                "checkpoint after it.", code="rewind_across_runs")
+        return self.client.resume_session(str(run), **self.options)
+
+    def _later(self) -> tuple[str, ...]:
+        return self.travel.later if self.travel is not None and self.travel.back else ()
+
+    def _preview(self, run: Any, step: int) -> dict[str, Any]:
+        return self.client._http.send(Call("GET", f"/api/v1/sessions/{run}/rewind",
+                                           params={"to_step": step}))
+
+    async def _apreview(self, run: Any, step: int) -> dict[str, Any]:
+        return await self.client._http.asend(Call("GET", f"/api/v1/sessions/{run}/rewind",
+                                                  params={"to_step": step}))
+
+    def _refuse_in_the_way(self, previews: list[tuple[Any, Mapping[str, Any]]]) -> None:
+        """Going back across runs rewinds several: refused before any of them is, when an
+        irreversible call of any stands in the way (the server's own 409 covers one run)."""
+        found = [{**item, "session": str(run)} for run, preview in previews
+                 for item in preview.get("irreversible_in_the_way") or []]
+        if found:
+            names = ", ".join(f"{i['tool']} at step {i['step_index']} of run {i['session']}"
+                              for i in found)
+            raise RewindRefused(f"Irreversible calls after checkpoint {self.travel.checkpoint} "
+                                f"cannot be undone: {names}. Go back with leave_irreversible to "
+                                "leave them done.", code="irreversible_in_the_way",
+                                status=409, body={"irreversible": found})
+
+    def _later_reason(self) -> str:
+        assert self.travel is not None
+        return (f"LangGraph: thread {self.thread_id} went back to checkpoint "
+                f"{self.travel.checkpoint} of an earlier run ({self.travel.session})")
 
     def _closed(self, snapshot: Any) -> bool:
         """Whether the graph paused (any interrupt: the run is not over)."""
@@ -640,6 +681,22 @@ class ThreadRun:
         info = (self.client.get_session(self.travel.session)
                 if self.travel and self.travel.back else None)
         back = self._back_to(info)
+        later = [self._take_back(self.client.get_session(run)) for run in self._later()]
+        later = [run for run in later if run is not None]
+        if later and not self.leave_irreversible:  # nothing is undone if anything is in the way
+            self._refuse_in_the_way([(run.id, self._preview(run.id, 0)) for run in later]
+                                    + ([(self.travel.session,
+                                         self._preview(self.travel.session, back))]
+                                       if back is not None else []))
+        for run in later:  # rewound to its start, then completed
+            run.__enter__()
+            try:
+                self.taken_back.append(run.rewind(0, reason=self._later_reason(),
+                                                  leave_irreversible=self.leave_irreversible))
+            except BaseException:
+                run._deactivate()
+                raise
+            run.__exit__(None, None, None)
         previous = self.travel.session if self.travel else self._previous(snapshot)
         holds = _undolog_holds(snapshot.interrupts) if snapshot is not None and back is None else []
         state = ((info or self.client.get_session(previous)).get("state")
@@ -690,6 +747,22 @@ class ThreadRun:
         info = (await self.client.aget_session(self.travel.session)
                 if self.travel and self.travel.back else None)
         back = self._back_to(info)
+        later = [self._take_back(await self.client.aget_session(run)) for run in self._later()]
+        later = [run for run in later if run is not None]
+        if later and not self.leave_irreversible:
+            self._refuse_in_the_way([(run.id, await self._apreview(run.id, 0)) for run in later]
+                                    + ([(self.travel.session,
+                                         await self._apreview(self.travel.session, back))]
+                                       if back is not None else []))
+        for run in later:
+            await run.__aenter__()
+            try:
+                self.taken_back.append(await run.arewind(
+                    0, reason=self._later_reason(), leave_irreversible=self.leave_irreversible))
+            except BaseException:
+                run._deactivate()
+                raise
+            await run.__aexit__(None, None, None)
         previous = self.travel.session if self.travel else self._previous(snapshot)
         holds = _undolog_holds(snapshot.interrupts) if snapshot is not None and back is None else []
         state = ((info or await self.client.aget_session(previous)).get("state")
