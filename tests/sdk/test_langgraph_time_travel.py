@@ -250,3 +250,32 @@ def test_going_back_to_an_earlier_turn_takes_the_later_runs_of_the_thread_back_w
     assert Effect.objects.get(session_id=turn1.session.id).state == "committed"  # ana stays emailed
     assert tool_results(result["messages"]) == ["sent to ana@example.com"]
     assert result["messages"][-1].content == "Only ana, then."
+
+
+def test_an_irreversible_call_in_the_way_refuses_going_back_across_runs_before_anything_is_undone(
+        acme, server, worker, client, receiver):
+    # The first turn deleted an account after ana's email; the second emailed ben. Going back to
+    # the first turn's checkpoint after ana would undo ben's email (the later run) and then meet
+    # the deletion: refused before either run is touched.
+    assert acme.admin.post("/api/v1/rules", {"name": "let-delete", "condition": 'tool.name == "delete_account"',
+                                             "outcome": "approve"}, format="json").status_code == 201
+    model = lc.scripted([*emails("ana"), [("delete_account", {"account_id": "acct-101"})], "Done.",
+                         *emails("ben"), "Emailed ben."])
+    agent = graph_with(model)
+    config = {"configurable": {"thread_id": "travel-7"}}
+    with thread_session(client, agent, config, agent="cleanup") as turn1:
+        agent.invoke(ASK, turn1.config)
+    with thread_session(client, agent, config, agent="cleanup") as turn2:
+        agent.invoke({"messages": [("user", "Now ben")]}, turn2.config)
+    back = next(s for s in agent.get_state_history(config)
+                if s.next == ("model",) and len(s.values["messages"]) == 3)
+
+    with pytest.raises(RewindRefused) as refused, thread_session(client, agent, back.config, agent="cleanup"):
+        raise AssertionError("the graph must not go on")
+
+    assert refused.value.code == "irreversible_in_the_way"
+    assert [(i["tool"], i["session"]) for i in refused.value.irreversible] == [("delete_account", turn1.session.id)]
+    assert receiver.log == []  # ben's email (the later run) was not undone either
+    for run, steps in ((turn1, 2), (turn2, 1)):
+        session = Session.objects.get(pk=run.session.id)
+        assert (session.state, session.step_index, session.rewinds) == ("completed", steps, 0)
