@@ -482,9 +482,10 @@ def _cursor(raw: str) -> tuple[dt.datetime, str] | None:
 
 @dataclass
 class TimelineItem:
-    """One line of a session's timeline: a SAFE call, an effect, or a refusal, at its step."""
+    """One line of a session's timeline: a SAFE call, an effect, a refusal, or a savepoint (its
+    name as `tool`: the step it marks, after that step's calls), at its step."""
 
-    kind: str  # safe | effect | refusal
+    kind: str  # safe | effect | refusal | savepoint
     step_index: int
     at: dt.datetime
     tool: str
@@ -501,9 +502,9 @@ class TimelineItem:
 
 
 def session_context(session: Session) -> dict[str, Any]:
-    """The timeline (effects with their transitions, SAFE calls, refusals in place), the undo
-    stack with attempts, the session's state history, its budget bars, and (one query) the
-    labels of the tools it called."""
+    """The timeline (effects with their transitions, SAFE calls, refusals and savepoints in
+    place), the undo stack with attempts, the session's state history, its budget bars, and (one
+    query) the labels of the tools it called."""
     effects = list(Effect.objects.for_session(session).order_by("-step_index", "-created")[:TIMELINE_LIMIT])
     ids = [effect.pk for effect in effects]
     transitions: dict[Any, list[EffectTransition]] = defaultdict(list)
@@ -527,8 +528,12 @@ def session_context(session: Session) -> dict[str, Any]:
     for item in items:
         if item.kind != "refusal":
             item.labels = labels.get(item.tool, [])
+    items += [TimelineItem(kind="savepoint", step_index=p.step_index, at=p.created, tool=p.name, tier="",
+                           state="", args_json="")
+              for p in session.savepoints.order_by("-step_index")[:TIMELINE_LIMIT]]
     # A rejected or expired approval also writes a refusal row; the effect line already says it.
-    order = {"safe": 0, "effect": 1, "refusal": 2}
+    # A savepoint marks its step once the step's calls are made: it comes after them.
+    order = {"safe": 0, "effect": 1, "refusal": 2, "savepoint": 3}
     items.sort(key=lambda item: (item.step_index, order[item.kind], item.at))
     entries = list(UndoEntry.objects.filter(session=session).lifo().select_related("fn"))
     attempts: dict[Any, list[UndoAttempt]] = defaultdict(list)

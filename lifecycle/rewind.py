@@ -13,6 +13,14 @@ the run goes on from step N once the walk is done. The run's state says where it
 - `running` again at step N when the walk is done (`awaiting_approval` when a call at or
   before step N still waits for a reviewer).
 
+A completed run may be rewound too: the rewind reopens it (`completed → compensating → running`,
+its `ended_at` cleared), for an agent framework that resumes a finished thread from an earlier
+checkpoint (LangGraph's time travel: sdk/README.md). It is then a running run like any other (the
+idle sweep, a fail, a fleet rollback take it as such), and its end-of-run budget verdict is not given
+twice: `budgets.runs.run_ended` acts once per run (its `RunOutcome` row), so completing it again
+applies only a first violation the run had not had by its first end. A halted run stays ended: a
+reviewer's no is not undone by going back before it.
+
 What a rewind does to the rest of the run, in the transaction that starts it:
 
 - calls after the step still waiting for a person are withdrawn (expired, their requests say
@@ -57,6 +65,7 @@ ACTOR = "rewind"
 # Effects after the step that a rewind cannot undo: irreversible calls that acted or may still act.
 IN_THE_WAY = Effect.STARTED | {Effect.State.APPROVED}
 REWINDABLE = frozenset({Session.State.RUNNING, Session.State.AWAITING_APPROVAL})
+REOPENABLE = frozenset({Session.State.COMPLETED})  # a rewind reopens a completed run (above)
 
 
 @dataclass
@@ -112,8 +121,9 @@ def target_step(session: Session, to_step: Any = None, to: str | None = None) ->
 
 
 def check_state(session: Session) -> None:
-    """A rewind needs a running run (or one waiting for a reviewer): 409 saying why otherwise."""
-    if session.state in REWINDABLE:
+    """A rewind needs a running run (or one waiting for a reviewer, or a completed one, which it
+    reopens): 409 saying why otherwise."""
+    if session.state in REWINDABLE | REOPENABLE:
         return
     if session.state == Session.State.COMPENSATING and session.rewind_to is not None:
         raise Conflict(f"The run is being rewound to step {session.rewind_to} already; rewind again once it "
@@ -125,8 +135,8 @@ def check_state(session: Session) -> None:
         raise Conflict(f"The run's walk is stopped: {where}. Retry or resolve that undo entry first.",
                        code="walk_stopped", undo_entry=str(entry.pk) if entry else None,
                        step_index=entry.step_index if entry else None)
-    raise Conflict(f"The run is {session.state}; only a running run (or one waiting for a reviewer) can be "
-                   "rewound.", code="session_state_conflict", state=session.state)
+    raise Conflict(f"The run is {session.state}; only a running run (or one waiting for a reviewer), or a "
+                   "completed one, can be rewound.", code="session_state_conflict", state=session.state)
 
 
 def plan(session: Session, to_step: int, savepoint: str = "") -> Plan:
@@ -169,8 +179,9 @@ def rewind(sessions, session_id: Any, *, to_step: Any = None, to: str | None = N
        An irreversible call in the way without `leave_irreversible`: 409, nothing written.
     3. Withdraw the requests after the step; retire the signatures of the calls after it; take
        its SAFE calls off the run; drop the savepoints after it.
-    4. The run becomes `compensating` with `rewind_to` (and its step set back), its rewind
-       recorded, and a `session.rewound` event (audited: who, why, counts).
+    4. The run becomes `compensating` with `rewind_to` (and its step set back; a completed run is
+       reopened: no `ended_at`), its rewind recorded, and a `session.rewound` event (audited: who,
+       why, counts, whether it reopened the run).
     5. Nothing to walk: the run resumes at once; else the walk after commit (`walk_due`), which
        resumes it when done (`resume`).
     """
@@ -198,14 +209,14 @@ def rewind(sessions, session_id: Any, *, to_step: Any = None, to: str | None = N
                                        left_done=found.left_done, withdrawn=found.withdrawn, safe_calls=taken)
         note = ("; not undone by the rewind: " + ", ".join(f"{i['tool']} at step {i['step_index']}"
                                                              for i in found.left_done)) if found.left_done else ""
-        from_step = session.step_index
-        session.move(REWINDABLE, Session.State.COMPENSATING, actor=actor,
-                     reason=f"rewinding to step {step}: {reason}{note}"[:2000], rewind_to=step, rewinds=epoch,
-                     step_index=step)
+        from_step, reopened = session.step_index, session.state in REOPENABLE
+        session.move(REWINDABLE | REOPENABLE, Session.State.COMPENSATING, actor=actor,
+                     reason=f"rewinding to step {step}{' (reopened)' if reopened else ''}: {reason}{note}"[:2000],
+                     rewind_to=step, rewinds=epoch, step_index=step, **({"ended_at": None} if reopened else {}))
         org = Organization(pk=session.org_id)  # Event.record needs only its id: no query
         Event.record(org, "session.rewound", agent=Agent(pk=session.agent_id),
                      session_id=session.pk, by=actor, reason=reason[:2000], to_step=step, from_step=from_step,
-                     savepoint=name or None, epoch=epoch, counts=found.counts(),
+                     savepoint=name or None, epoch=epoch, counts=found.counts(), reopened=reopened,
                      left_done=[{k: i[k] for k in ("tool", "step_index", "at")} for i in found.left_done])
         if not UndoEntry.objects.filter(session=session, step_index__gt=step).open().exists():
             resume(session.pk, actor)

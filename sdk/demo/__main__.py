@@ -28,6 +28,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--framework", choices=("scripted", "langgraph"), default="scripted",
                         help="the agent: undolog's ScriptedAgent, or a LangGraph agent driven by "
                              "LangChain's fake chat model (needs undolog[langchain])")
+    parser.add_argument("--rewind", action="store_true",
+                        help="play the reference guide's rewind demo instead, made real: "
+                             "a LangGraph agent's thread taken back to its first checkpoint "
+                             "undoes what it did (needs undolog[langchain])")
     parser.add_argument("--var-dir", type=Path, default=REPO / "var" / "demo",
                         help="where its own server keeps its database and Redis socket "
                              "(wiped first)")
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         server = start(args.var_dir)
     demo = Demo(server, args.var_dir, interactive=args.interactive,
-                say=lambda line: print(line, flush=True), framework=args.framework)
+                say=lambda line: print(line, flush=True), framework=args.framework,
+                rewind=args.rewind)
     try:
         demo.run()
     finally:

@@ -7,6 +7,9 @@ The ops tools are the same functions as the scripted agent's (`ops.py`), unwrapp
 framework's tools know nothing of undolog, and the middleware takes each one's tier from
 the mapping `{name: ToolSpec}`. A call that must wait for a reviewer pauses the graph
 (LangGraph's `interrupt()`); the demo waits for the decision, then resumes it.
+
+`--rewind` goes back in a thread the LangGraph way (`get_state_history`, then `invoke` with an
+earlier checkpoint's config): `thread_session` rewinds the run to that checkpoint's step first.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from undolog import Refused, Session, UndoLogClient, spec_of
-from undolog.integrations.langchain import UndologMiddleware, thread_session
+from undolog.integrations.langchain import ThreadRun, UndologMiddleware, thread_session
 from undolog.testing import ToolCall, Transcript
 
 ASK = "Clean up the inactive accounts."
@@ -68,17 +71,20 @@ class GraphAgent:
         self.client, self.say = client, say
         self.tools, self.tiers = plain_tools(tools)
         self.runs = 0
+        self.last: tuple[Any, dict[str, Any]] | None = None  # the last thread: (graph, config)
 
-    def play(self, script: Sequence[Any],
-             opened: Callable[[Session], None]) -> tuple[Transcript, Session]:
+    def play(self, script: Sequence[Any], opened: Callable[[Session], None], *,
+             then: Sequence[Any] = ()) -> tuple[Transcript, Session]:
+        """``then``: what the model answers after the script, once the thread is taken back."""
         refusals: dict[str, Refused] = {}
-        model = ScriptedChatModel(messages=iter(messages_for(script)))
+        model = ScriptedChatModel(messages=iter(messages_for([*script, *then])))
         middleware = UndologMiddleware(
             self.tiers, on_refused=lambda call, exc: refusals.__setitem__(call["id"], exc))
         agent = create_agent(model, self.tools, middleware=[middleware],
                              checkpointer=InMemorySaver())
         self.runs += 1
         config = {"configurable": {"thread_id": f"cleanup-demo-{self.runs}"}}
+        self.last = (agent, config)
         command: Any = {"messages": [("user", ASK)]}
         while True:
             with thread_session(self.client, agent, config, agent="cleanup") as run:
@@ -92,6 +98,24 @@ class GraphAgent:
                          "(interrupt); resumed once it is decided")
             command = run.wait_for_decisions(timeout=120)
         return transcript_of(result["messages"], refusals), run.session
+
+    def travel(self, pick: Callable[[Any], bool], *,
+               leave_irreversible: bool = False) -> tuple[ThreadRun, list[BaseMessage]]:
+        """LangGraph's time travel on the last thread: the newest checkpoint of its history that
+        ``pick`` accepts, and ``invoke(None, its config)``; the run goes back to its step first."""
+        assert self.last is not None
+        agent, config = self.last
+        target = next(s for s in agent.get_state_history(config) if pick(s))
+        with thread_session(self.client, agent, target.config, agent="cleanup",
+                            leave_irreversible=leave_irreversible) as run:
+            result = agent.invoke(None, run.config)
+        return run, result["messages"]
+
+    def memory(self) -> list[BaseMessage]:
+        """What the agent remembers: the thread's latest checkpoint's messages."""
+        assert self.last is not None
+        agent, config = self.last
+        return list(agent.get_state(config).values["messages"])
 
 
 def transcript_of(messages: Sequence[BaseMessage], refusals: dict[str, Refused]) -> Transcript:

@@ -8,9 +8,12 @@ plus the two tools the third part needs.
 | email_owner | IRREVERSIBLE | 5 | additive, but a sent email cannot be recalled |
 | notify_owner | COMPENSABLE | 1 | an in-app notice: `recall_notice` withdraws it |
 | export_account | SAFE | 0.01 | a read of the account's data (its service is down) |
+| soft_delete_account | COMPENSABLE | 1 | `--rewind`: a soft delete, `restore_account` undoes it |
 
 The accounts live in a JSON file, as in the guide; the notices in an outbox in memory,
-which the `recall_notice` webhook (served by this demo, see `Recalls`) empties.
+which the `recall_notice` webhook (served by this demo, see `Recalls`) empties; a soft-deleted
+account stays in the file with `deleted: true` until `restore_account` (the same webhook
+server) clears it.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class Ops:
     def accounts(self) -> dict[str, dict[str, Any]]:
         return json.loads(self.db.read_text())
 
+    def live(self) -> list[str]:
+        """The accounts that are neither deleted nor soft-deleted."""
+        return sorted(a for a, info in self.accounts().items() if not info.get("deleted"))
+
     def save(self, accounts: dict[str, dict[str, Any]]) -> None:
         self.db.write_text(json.dumps(accounts, indent=2))
 
@@ -79,7 +86,8 @@ class ExportServiceDown(Exception):
               annotations={"readOnlyHint": True})
 def list_inactive_accounts() -> list[str]:
     """IDs of accounts with no login for 12 months."""
-    return [a for a, info in _ops().accounts().items() if info["inactive"]]
+    accounts = _ops().accounts()
+    return [a for a, info in accounts.items() if info["inactive"] and not info.get("deleted")]
 
 
 @undolog_tool(tier=ToolTier.IRREVERSIBLE, cost_weight=5.0,
@@ -130,11 +138,28 @@ def export_account(account_id: str) -> dict[str, str]:
     raise ExportServiceDown(f"export service unavailable (HTTP 503) while exporting {account_id}")
 
 
+@undolog_tool(tier=ToolTier.COMPENSABLE, cost_weight=1.0,
+              compensation=CompensationDescriptor.new(
+                  "restore_account", {"account_id": "{account_id}"}, max_retries=3,
+                  retry_backoff_ms=200))
+def soft_delete_account(account_id: str) -> str:
+    """Delete an account softly: it is hidden at once and can be restored."""
+    ops = _ops()
+    with ops.lock:
+        accounts = ops.accounts()
+        accounts[account_id]["deleted"] = True
+        ops.save(accounts)
+    ops.say(f"  ops: soft-deleted {account_id} (restorable)")
+    return f"deleted {account_id}"
+
+
 TOOLS = (list_inactive_accounts, delete_account, email_owner, notify_owner, export_account)
+REWIND_TOOLS = (list_inactive_accounts, soft_delete_account, notify_owner, email_owner)
 
 
 class Recalls:
-    """The `recall_notice` compensation: a webhook served on 127.0.0.1 by this demo.
+    """The `recall_notice` and `restore_account` compensations: webhooks served on 127.0.0.1
+    by this demo (`/recall` and `/restore`).
 
     Like a careful receiver (effects/README.md): it verifies `Undolog-Signature` with the
     org's webhook secret, deduplicates by `Idempotency-Key`, and treats "nothing to recall"
@@ -149,8 +174,9 @@ class Recalls:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                undo = recalls.restore if self.path.endswith("/restore") else recalls.recall
                 status = recalls.handle(raw, self.headers.get("Undolog-Signature", ""),
-                                        self.headers.get("Idempotency-Key", ""))
+                                        self.headers.get("Idempotency-Key", ""), undo)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -166,20 +192,35 @@ class Recalls:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/recall"
 
-    def handle(self, raw: bytes, signature: str, key: str) -> int:
+    @property
+    def restore_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/restore"
+
+    def handle(self, raw: bytes, signature: str, key: str, undo: Any = None) -> int:
         if not verify(self.secret, signature, raw):
-            self.ops.say("  recall_notice: bad signature, refused (401)")
+            self.ops.say("  undo: bad signature, refused (401)")
             return 401
         account = json.loads(raw)["args"]["account_id"]
         with self.ops.lock:
             if key in self.handled:
-                return 200  # a redelivery: already recalled
-            notice = self.ops.outbox.pop(account, None)
+                return 200  # a redelivery: already undone
+            name, what = (undo or self.recall)(account)
             self.handled[key] = account
-        what = f"withdrew the notice to {notice['to']}" if notice else "nothing to recall"
-        self.ops.say(f"  undo: recall_notice(account_id={account!r}) -> {what} "
+        self.ops.say(f"  undo: {name}(account_id={account!r}) -> {what} "
                      f"[signature ok, Idempotency-Key {key[:8]}…]")
         return 200
+
+    def recall(self, account: str) -> tuple[str, str]:
+        notice = self.ops.outbox.pop(account, None)
+        return "recall_notice", (f"withdrew the notice to {notice['to']}" if notice
+                                 else "nothing to recall")
+
+    def restore(self, account: str) -> tuple[str, str]:
+        accounts = self.ops.accounts()
+        if not accounts.get(account, {}).pop("deleted", False):
+            return "restore_account", "nothing to restore"
+        self.ops.save(accounts)
+        return "restore_account", f"restored {account}"
 
     def close(self) -> None:
         self.server.shutdown()

@@ -8,6 +8,9 @@ against a real undolog server, with the SDK and a scripted agent instead of a mo
 3. Compensable notices: the run fails and the worker recalls the two notices already sent.
 
 ``framework="langgraph"`` plays the same script through a LangGraph agent (frameworks.py).
+``rewind=True`` plays the guide's rewind demo instead (its step 7), made real: a LangGraph agent
+soft-deletes two accounts, posts a notice and sends an email; going back in its thread undoes
+the deletions and the notice (the email is named as not undone), and the agent remembers nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from undolog import Session, UndoLogClient, WaitInfo, spec_of
+from undolog import RewindRefused, Session, UndoLogClient, WaitInfo, spec_of
 from undolog.testing import ScriptedAgent, Transcript
 
 from . import ops
-from .ops import INACTIVE, TOOLS, ExportServiceDown, Ops, Recalls
+from .ops import INACTIVE, REWIND_TOOLS, TOOLS, ExportServiceDown, Ops, Recalls
 from .people import Person, Reviewer
 from .server import Server
 
@@ -33,10 +36,11 @@ CAP = 2
 
 class Demo:
     def __init__(self, server: Server, var_dir: Path, *, interactive: bool = False,
-                 say: Callable[[str], None] = print, framework: str = "scripted") -> None:
+                 say: Callable[[str], None] = print, framework: str = "scripted",
+                 rewind: bool = False) -> None:
         creds = server.credentials
         self.server, self.interactive, self.say = server, interactive, say
-        self.framework = framework
+        self.framework, self.rewinding = framework, rewind
         # Unattended, no call waits more than a minute for a decision; a person may take longer.
         self.client = UndoLogClient(server.url, creds["agent_key"], on_wait=self.waiting,
                                     poll_wait=5, approval_timeout=None if interactive else 60)
@@ -63,9 +67,12 @@ class Demo:
 
     def run(self) -> None:
         self.setup()
-        self.cap()
-        self.approvals()
-        self.undo()
+        if self.rewinding:
+            self.rewind()
+        else:
+            self.cap()
+            self.approvals()
+            self.undo()
         self.left()
 
     def setup(self) -> None:
@@ -75,9 +82,10 @@ class Demo:
         org = self.server.credentials["org"]
         self.say(f"  org {org} (the demo's own: the tour's org demo is left alone) · "
                  "agent cleanup (a fresh key) · admin sets budgets · reviewer alice decides")
-        self.say("  The accounts (a file, like the guide's reset_db.py) are reset to the guide's\n"
-                 "  five before parts 1 and 2, so each starts from the same data; part 3 carries\n"
-                 "  on from part 2.")
+        if not self.rewinding:
+            self.say("  The accounts (a file, like the guide's reset_db.py) are reset to the\n"
+                     "  guide's five before parts 1 and 2, so each starts from the same data;\n"
+                     "  part 3 carries on from part 2.")
         if self.graph is not None:
             self.say("  the agent: a LangGraph agent (create_agent, a checkpointer) driven by "
                      "LangChain's fake chat model,\n  its plain tools tiered by UndologMiddleware")
@@ -161,6 +169,62 @@ class Demo:
         self.say(f"  outbox: {sorted(self.ops.outbox) or 'empty'} ({len(left)} notices sent, "
                  f"{len(self.recalls.handled)} recalled)")
 
+    def rewind(self) -> None:
+        self.heading("Rewind: the agent's memory and the world, back to the same step")
+        self.say("The guide's rewind restores the agent's memory, not the deleted rows (its\n"
+                 "rewind_demo.py). Here a LangGraph agent (create_agent, a checkpointer) cleans\n"
+                 "up with tools that can be undone: soft_delete_account (restore_account puts\n"
+                 "an account back) and notify_owner (recall_notice); and one that cannot:\n"
+                 "email_owner.")
+        from .frameworks import GraphAgent  # it needs undolog[langchain]
+
+        self.ops.reset()
+        self.say("  (accounts reset to the guide's five)")
+        self.client.register_compensation("restore_account", "1.0.0", "webhook",
+                                          self.recalls.restore_url)
+        self.client.register(*REWIND_TOOLS)
+        graph = GraphAgent(self.client, REWIND_TOOLS, self.say)
+        notice = "Your account will be deleted in 30 days."
+        script = [[("list_inactive_accounts", {})],
+                  [("soft_delete_account", {"account_id": "acct-101"}),
+                   ("soft_delete_account", {"account_id": "acct-102"})],
+                  [("notify_owner", {"account_id": "acct-103", "message": notice})],
+                  [("email_owner", {"account_id": "acct-103", "message": notice})],
+                  "Deleted acct-101 and acct-102; the owner of acct-103 has a notice and an email."]
+        then = ["Starting over: acct-101, acct-102 and acct-103 are inactive; nothing is deleted."]
+        reviewer = Reviewer(self.alice, [("approve", None)], self.say)
+        _, session = self.play_graph(script, reviewer, graph=graph, then=then)
+        self.snapshot("after the run   ", graph, session.id)
+
+        self.say("Back to the thread's first checkpoint (get_state_history, then invoke with its\n"
+                 "config), inside thread_session:")
+        first = _only_the_ask
+        try:
+            graph.travel(first)
+        except RewindRefused as exc:
+            self.say(f"  refused: 409 {exc.code}: {exc.message}")
+        self.say("  again, with leave_irreversible=True (the email stays sent):")
+        run, _ = graph.travel(first, leave_irreversible=True)
+        answer = run.rewound or {}
+        undone = len(answer.get("to_undo", []))
+        self.say(f"  rewind: run {str(run.session.id)[:8]} from step {answer.get('from_step')} "
+                 f"back to step {answer.get('resumes_at')}: {undone} calls undone, newest first, "
+                 "before the graph went on")
+        for item in answer.get("left_done", []):
+            self.say(f"  not undone by the rewind: {item['tool']} at step {item['step_index']} "
+                     "(a sent email cannot be recalled)")
+        self.snapshot("after the rewind", graph, run.session.id)
+        remembered = [m for m in graph.memory() if getattr(m, "tool_calls", None)]
+        self.say(f"  the agent remembers {len(remembered)} tool calls; it says: "
+                 f"{graph.memory()[-1].content!r}")
+
+    def snapshot(self, label: str, graph: Any, session_id: str) -> None:
+        """As the guide's snapshot(): the conversation, the run's tool calls, the accounts."""
+        run = self.client.get_session(session_id)
+        self.say(f"  {label}: conversation={len(graph.memory())} messages, tool calls this run="
+                 f"{run['budget']['tool_calls']} (not refunded), accounts={self.ops.live()}, "
+                 f"notices={sorted(self.ops.outbox) or 'none'}")
+
     def left(self) -> None:
         self.heading("What is left")
         self.say(f"accounts left: {sorted(self.ops.accounts())}")
@@ -188,8 +252,8 @@ class Demo:
                 reviewer.stop()
         return transcript, session
 
-    def play_graph(self, script: list[Any],
-                   reviewer: Reviewer | None) -> tuple[Transcript, Session]:
+    def play_graph(self, script: list[Any], reviewer: Reviewer | None, *, graph: Any = None,
+                   then: list[Any] | None = None) -> tuple[Transcript, Session]:
         """One run of the LangGraph agent: one thread, one session (resumed after a pause)."""
 
         def opened(session: Session) -> None:
@@ -199,7 +263,7 @@ class Demo:
                 reviewer.start()
 
         try:
-            transcript, session = self.graph.play(script, opened)
+            transcript, session = (graph or self.graph).play(script, opened, then=then or ())
         finally:
             if reviewer is not None:
                 reviewer.stop()
@@ -243,6 +307,11 @@ class Demo:
 
     def heading(self, title: str) -> None:
         self.say(f"\n── {title} " + "─" * max(0, 76 - len(title)))
+
+
+def _only_the_ask(snapshot: Any) -> bool:
+    """The checkpoint where the agent's memory is the request alone, its first turn next."""
+    return len(snapshot.values.get("messages", [])) == 1 and bool(snapshot.next)
 
 
 def unattended(tool: Any) -> Any:

@@ -3,8 +3,8 @@
  * server) and every event that names this run trigger one re-render; on every reconnect the
  * page re-reads, since messages sent while the socket was down are lost. No polling.
  * Buttons: fail and roll back (reviewer), undo a completed run (admin), and "Roll back to here"
- * on a step (reviewer): the API's preview in a confirmation, a reason, then the rewind, followed
- * until the run runs again. */
+ * on a step or a savepoint (reviewer): the API's preview in a confirmation, a reason, then the
+ * rewind, followed until the run runs again. */
 (function () {
   "use strict";
   var UL = window.UL;
@@ -120,17 +120,21 @@
     return "Not rolled back: " + error.message;  // walk_stopped names the failed compensation
   }
 
+  /* A step, or a savepoint (by its name: the rewind's record names it). */
   function rewindTo(button) {
     var step = parseInt(button.dataset.step, 10);
+    var name = button.dataset.savepoint;
+    var target = name ? "?to=" + encodeURIComponent(name) : "?to_step=" + step;
+    var where = "step " + step + (name ? " (savepoint \u201c" + name + "\u201d)" : "");
     var leave = null;
-    UL.api("GET", rewindPath + "?to_step=" + step).then(function (plan) {
+    UL.api("GET", rewindPath + target).then(function (plan) {
       var body = rewindBody(plan);
       leave = body.querySelector("#rewind-leave-input");
-      return UL.confirm({title: "Roll the run back to step " + step + "?", body: body,
+      return UL.confirm({title: "Roll the run back to " + where + "?", body: body,
                          confirm: "Roll back to step " + step, input: {label: "Reason", required: true}});
     }).then(function (reason) {
       if (reason === null || reason === undefined) return;
-      var payload = {to_step: step, reason: reason};
+      var payload = name ? {to: name, reason: reason} : {to_step: step, reason: reason};
       if (leave) payload.leave_irreversible = leave.checked;
       button.disabled = true;
       UL.api("POST", rewindPath, payload).then(function (answer) {

@@ -92,14 +92,14 @@ def test_a_session_takes_a_fixed_number_of_queries(acme, busy):
 
     assert many == few, statements
     # the session, effects, their transitions, approvals, SAFE calls, refusals, undo entries,
-    # their attempts, the state history, the budget limits, the tools' labels, its rewinds
-    assert many == FRAME + 12, statements
+    # their attempts, the state history, the budget limits, the tools' labels, its rewinds, its savepoints
+    assert many == FRAME + 13, statements
 
 
 def test_the_live_part_of_a_session_skips_the_frame(acme, busy):
     n, statements = count(page_client(acme), f"/sessions/{busy[0]['session']}/?part=live")
 
-    assert n == 3 + 12, statements  # session, user, membership; then the session's own reads
+    assert n == 3 + 13, statements  # session, user, membership; then the session's own reads
 
 
 def test_the_agents_page_takes_a_fixed_number_of_queries(acme, busy):

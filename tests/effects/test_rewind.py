@@ -257,15 +257,60 @@ def test_bad_bodies_are_a_400_and_write_nothing(acme, stack_of, receiver, body):
     assert snapshot(stack.session_id) == before
 
 
-def test_a_finished_run_cannot_be_rewound(acme, stack_of, receiver):
+def test_a_halted_run_cannot_be_rewound(acme, stack_of, receiver):
+    # A reviewer's no ends the run for good: going back before the rejected call does not undo it.
     stack = stack_of(2)
-    assert acme.api.post(f"/api/v1/sessions/{stack.session_id}/complete", {}, format="json").status_code == 200
+    register_irreversible(acme)
+    answer = intercept(acme, stack.session_id, "send_invoice", {"amount": 10}, 3)
+    approval = ApprovalRequest.objects.get(effect_id=answer.json()["effect"]["id"])
+    assert acme.reviewer.post(f"/api/v1/approvals/{approval.pk}/reject", {"reason": "no"},
+                              format="json").status_code == 200
+    assert stack.session.state == "halted"
     before = snapshot(stack.session_id)
 
     response = rewind(acme, stack.session_id, to_step=1)
 
     assert response.status_code == 409 and response.json()["error"] == "session_state_conflict"
-    assert snapshot(stack.session_id) == before
+    assert "or a completed one, can be rewound" in response.json()["message"]
+    assert acme.api.get(f"/api/v1/sessions/{stack.session_id}/rewind?to_step=1").status_code == 409
+    assert snapshot(stack.session_id) == before and receiver.log == []
+
+
+def test_a_completed_run_is_reopened_by_a_rewind_and_its_budget_verdict_is_not_given_twice(acme, stack_of,
+                                                                                             receiver):
+    # A framework resumes a finished thread from an earlier checkpoint (LangGraph's time travel): the
+    # completed run goes back to the step, runs again from there, and ends again.
+    acme.admin.patch("/api/v1/agents/cleanup/budget", {"max_tool_calls_per_run": 3, "on_exceeded": "pause"},
+                     format="json")
+    stack = stack_of(3)
+    refused = intercept(acme, stack.session_id, "send_email", {"to": "over@x.io"}, 4)
+    assert refused.status_code == 429, refused.content
+    assert acme.api.post(f"/api/v1/sessions/{stack.session_id}/complete", {}, format="json").status_code == 200
+    assert acme.api.get("/api/v1/agents/cleanup/budget").json()["state"] == "suspended"
+    assert acme.admin.post("/api/v1/agents/cleanup/resume", {"note": "reviewed"}, format="json").status_code == 200
+    ended = stack.session
+    assert (ended.state, ended.ended_at is not None) == ("completed", True)
+    assert Event.objects.filter(kind="budget.exceeded").count() == 1
+
+    preview = acme.api.get(f"/api/v1/sessions/{stack.session_id}/rewind?to_step=1")
+    assert preview.status_code == 200 and [i["step_index"] for i in preview.json()["to_undo"]] == [3, 2]
+    response = rewind(acme, stack.session_id, to_step=1, reason="time travel to step 1")
+
+    assert response.status_code == 200, response.content
+    assert receiver.order == [stack.entries[2], stack.entries[1]] and not receiver.duplicates
+    reopened = stack.session
+    assert (reopened.state, reopened.step_index, reopened.ended_at) == ("running", 1, None)
+    assert Event.objects.get(kind="session.rewound").data["reopened"] is True
+    history = list(SessionTransition.objects.filter(session_id=stack.session_id).values_list("from_state",
+                                                                                           "to_state"))
+    assert history[-2:] == [("completed", "compensating"), ("compensating", "running")]
+    # It runs again like any run (over its cap still: budgets are not refunded), and ends again,
+    # without a second on_exceeded: the agent stays active.
+    assert intercept(acme, stack.session_id, "send_email", {"to": "again@x.io"}, 2).status_code == 429
+    assert acme.api.post(f"/api/v1/sessions/{stack.session_id}/complete", {}, format="json").status_code == 200
+    assert stack.session.state == "completed" and stack.session.ended_at is not None
+    assert Event.objects.filter(kind="budget.exceeded").count() == 1
+    assert acme.api.get("/api/v1/agents/cleanup/budget").json()["state"] == "active"
 
 
 def test_a_rewind_to_the_current_step_undoes_nothing(acme, stack_of, receiver):

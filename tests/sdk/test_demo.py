@@ -85,6 +85,38 @@ def test_it_plays_the_story_through_a_langgraph_agent():
     assert_everything_stopped(done.stdout, var_dir)
 
 
+# The guide's rewind demo (its step 7), made real through a LangGraph thread: going back to the
+# thread's first checkpoint undoes the soft deletions and the notice, newest first, before the graph
+# goes on; the irreversible email is named (refused without consent, then left done); the agent
+# remembers nothing of the deletions, and the accounts are back.
+REWIND = [
+    "ops: soft-deleted acct-101 (restorable)",
+    "ops: soft-deleted acct-102 (restorable)",
+    "ops: notice to cho@example.com about acct-103 sent",
+    "reviewer asked: email_owner({'account_id': 'acct-103'",
+    "ops: emailed the owner of acct-103",
+    "accounts=['acct-103', 'acct-200', 'acct-201'], notices=['acct-103']",
+    "refused: 409 irreversible_in_the_way: Irreversible calls after step 0 cannot be undone: email_owner at step 5",
+    "undo: recall_notice(account_id='acct-103') -> withdrew the notice to cho@example.com [signature ok",
+    "undo: restore_account(account_id='acct-102') -> restored acct-102 [signature ok",
+    "undo: restore_account(account_id='acct-101') -> restored acct-101 [signature ok",
+    "back to step 0: 3 calls undone, newest first, before the graph went on",
+    "not undone by the rewind: email_owner at step 5 (a sent email cannot be recalled)",
+    "after the rewind: conversation=2 messages, tool calls this run=5 (not refunded), "
+    "accounts=['acct-101', 'acct-102', 'acct-103', 'acct-200', 'acct-201'], notices=none",
+    "the agent remembers 0 tool calls; it says: 'Starting over:",
+    "stopped the demo's server",
+]
+
+
+def test_it_replays_the_guides_rewind_demo_through_a_langgraph_thread():
+    done, var_dir = play_demo("--rewind", limit=90)
+    in_order(done.stdout, REWIND)
+    assert done.stdout.count("undo: ") == 3  # each compensation once
+    assert "── 1. A cap" not in done.stdout  # the rewind demo alone
+    assert_everything_stopped(done.stdout, var_dir)
+
+
 def play_demo(*args: str, limit: float = 45) -> tuple[subprocess.CompletedProcess, Path]:
     var_dir = Path(settings.VAR_DIR) / f"test-demo-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNDOLOG_")}

@@ -122,6 +122,9 @@ class Session:
         self._token: Token[Session | None] | None = None
         # Compensable effects this run started: what a failure rolls back.
         self._undoable: set[str] = set()
+        # Told each step number as a call takes it (an adapter that maps its framework's
+        # checkpoints to the run's steps: LangGraph's thread_session).
+        self._step_seen: Callable[[int], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Session {self.id} agent={self.agent!r} state={self.state!r}>"
@@ -364,11 +367,17 @@ class Session:
 
     def _record_safe(self, name: str, args: dict[str, Any], output: Any = _NO_OUTPUT) -> None:
         # next() on itertools.count and deque.append are atomic: no lock on the hot path.
-        call = {"tool": name, "step_index": next(self._steps), "args": args}
+        call = {"tool": name, "step_index": self._next_step(), "args": args}
         if output is not _NO_OUTPUT:
             # The server keeps its fingerprints for tainted() (run-aware rules), never the text.
             call["output"] = output if isinstance(output, _JSON) else str(output)
         self._safe.append(call)
+
+    def _next_step(self) -> int:
+        step = next(self._steps)
+        if self._step_seen is not None:
+            self._step_seen(step)
+        return step
 
     def _drain_safe(self) -> list[dict[str, Any]]:
         # At most what the server takes in one request; the rest rides on the next one.
@@ -405,7 +414,7 @@ class Session:
         return (yield from self._run(effect, tool, args))
 
     def _intercept(self, tool: DeclaredTool, args: dict[str, Any]) -> Flow:
-        body: dict[str, Any] = {"tool": tool.name, "args": args, "step_index": next(self._steps)}
+        body: dict[str, Any] = {"tool": tool.name, "args": args, "step_index": self._next_step()}
         if self._reasoning is not None:
             body["reasoning"], self._reasoning = self._reasoning, None
         if tool.idempotency_key is not None:

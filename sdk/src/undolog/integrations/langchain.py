@@ -13,7 +13,9 @@ Three ways in, one behaviour (sdk/README.md, "LangChain and LangGraph"):
   thread id goes in the session's metadata and the session id in the checkpoints'
   metadata, so a run resumed from its checkpointer resumes the same session, whose
   committed calls replay instead of running again. An exception that ends the run fails
-  the session, which rolls it back.
+  the session, which rolls it back. Each checkpoint also records the run's step, so a
+  thread resumed from an earlier checkpoint (time travel, a fork) rewinds the run to that
+  step before the graph goes on (``_timetravel.py``).
 
 A refused call (budget, rejection, expiry, a suspended agent) is not an exception here:
 the model reads ``refusal_as_tool_result``'s text as the tool's output, and can plan
@@ -37,21 +39,24 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.types import Command, interrupt
 from pydantic import ConfigDict
 
+from .._http import Call
 from ..client import UndoLogClient
 from ..decorator import DeclaredTool
 from ..errors import (
     ApprovalExpired,
     ApprovalRejected,
     Refused,
+    RewindRefused,
     SessionAwaitingApproval,
     refusal_as_tool_result,
 )
 from ..session import Session, _decision
 from ..tiers import ToolSpec, ToolTier
-from . import _core
+from . import _core, _timetravel
 from ._core import Declaration
 
 __all__ = [
@@ -73,6 +78,10 @@ APPROVAL = "approval"
 _HOLD_MODES = ("auto", "block")
 
 _RUNNING = frozenset({"running", "awaiting_approval"})
+_ROLLED_BACK = frozenset({"failed", "compensating", "compensated", "compensation_failed"})
+# LangGraph lends a parent graph's checkpointer to its subgraphs through this config key; a
+# thread_session lends the graph its own checkpointer, stamping (_timetravel.StampingSaver).
+_CHECKPOINTER_KEY = "__pregel_checkpointer"
 
 
 class _HeldBehind(Refused):
@@ -492,14 +501,17 @@ def _undolog_holds(interrupts: Iterable[Any]) -> list[dict[str, Any]]:
 class ThreadRun:
     """One run of a graph on one thread, as one undolog session (``thread_session``).
 
-    Pass ``run.config`` to ``invoke``/``stream``: it carries the session id into the
-    checkpoints. After the block, ``run.interrupted`` says whether the graph paused (the
-    session stays running), and ``run.approvals`` lists the calls waiting for a reviewer.
+    Pass ``run.config`` to ``invoke``/``stream``: it carries the session id and the run's
+    step into the checkpoints. After the block, ``run.interrupted`` says whether the graph
+    paused (the session stays running), and ``run.approvals`` lists the calls waiting for a
+    reviewer. ``run.rewound`` is the rewind's answer (``to_undo``, ``left_done``,
+    ``resumes_at``) when the thread was resumed from an earlier checkpoint, else None;
+    ``run.taken_back`` the answers for the later runs of the thread it took back whole.
     """
 
     def __init__(self, client: UndoLogClient, graph: Any, config: RunnableConfig, *,
                  agent: str | None, metadata: Mapping[str, Any] | None,
-                 options: Mapping[str, Any]) -> None:
+                 options: Mapping[str, Any], leave_irreversible: bool = False) -> None:
         configurable = config.get("configurable") or {}
         self.thread_id = configurable.get("thread_id")
         self.client = client
@@ -514,6 +526,10 @@ class ThreadRun:
         self.interrupted = False
         self.approvals: list[dict[str, Any]] = []
         self.interrupts: Sequence[Any] = ()
+        self.leave_irreversible = leave_irreversible
+        self.travel: _timetravel.Travel | None = None
+        self.rewound: dict[str, Any] | None = None
+        self.taken_back: list[dict[str, Any]] = []  # later runs of the thread, rewound to 0
         self._token: Any = None
 
     # -- finding the thread's session ---------------------------------------------------
@@ -537,8 +553,109 @@ class ThreadRun:
         self.session = session
         self.config = {**self.base_config,
                        "metadata": {**(self.base_config.get("metadata") or {}),
-                                    "undolog_session": str(session.id)}}
+                                    _timetravel.SESSION: str(session.id)}}
+        saver = self._saver()
+        if saver is not None:
+            stamps = _timetravel.Stamps(*self._step_and_epoch(session))
+            session._step_seen = stamps.saw_step
+            lent = _timetravel.StampingSaver(saver, stamps)
+            self.config["configurable"] = {**(self.base_config.get("configurable") or {}),
+                                           _CHECKPOINTER_KEY: lent}
         self._token = _DECIDED.set(decided)
+
+    def _step_and_epoch(self, session: Session) -> tuple[int, int]:
+        """The run's step as the graph starts (after a rewind: the step it went back to) and
+        its rewinds so far: what the checkpoints written in this block are stamped from."""
+        if self.rewound is not None:
+            epoch = (self.rewound.get("rewind") or {}).get("epoch") or 0
+            return int(self.rewound["resumes_at"]), int(epoch)
+        epochs = [int(r.get("epoch") or 0) for r in session.data.get("rewinds") or []]
+        return int(session.data.get("step_index") or 0), max(epochs, default=0)
+
+    def _saver(self) -> Any:
+        saver = getattr(self.graph, "checkpointer", None)
+        return saver if isinstance(saver, BaseCheckpointSaver) else None
+
+    def _thread_config(self) -> RunnableConfig:
+        """The thread's latest checkpoint, whatever checkpoint the block started from."""
+        configurable = {k: v for k, v in (self.base_config.get("configurable") or {}).items()
+                        if k != "checkpoint_id"}
+        return {**self.base_config, "configurable": configurable}
+
+    # -- going back: time travel ------------------------------------------------------
+
+    def _back_to(self, info: Mapping[str, Any] | None) -> int | None:
+        """The step to rewind the run to before the graph goes on, or None: the thread resumes
+        from its newest checkpoint (a pause, a crash), or nothing was done after the step.
+        Refused (``RewindRefused``) when the world cannot be brought back to the checkpoint."""
+        travel = self.travel
+        if travel is None or not travel.back or info is None:
+            return None
+        where = (f"checkpoint {travel.checkpoint} of thread {self.thread_id} (step {travel.step} "
+                 f"of run {travel.session})")
+        gone = [r for r in info.get("rewinds") or []
+                if int(r.get("epoch") or 0) > travel.epoch and int(r["to_step"]) < travel.step]
+        if gone:
+            raise RewindRefused(
+                f"{where} is on a branch that a rewind to step {gone[0]['to_step']} left: its "
+                "calls after that step were undone and cannot be redone. Resume from a checkpoint "
+                "of the current branch.", code="branch_undone")
+        if travel.step >= int(info.get("step_index") or 0):
+            return None
+        if info.get("state") in _ROLLED_BACK:
+            state = info.get("state")
+            raise RewindRefused(f"{where}: the run was rolled back ({state}); its calls up to "
+                                "that step were undone too and cannot be redone.",
+                                code="run_rolled_back")
+        return travel.step
+
+    def _reason(self) -> str:
+        assert self.travel is not None
+        return (f"LangGraph: thread {self.thread_id} resumed from checkpoint "
+                f"{self.travel.checkpoint}, which had reached step {self.travel.step}")
+
+    def _take_back(self, info: Mapping[str, Any]) -> Session | None:
+        """A later run of the thread (a later turn of the conversation), to be taken back whole
+        before the thread goes back: a session to rewind to step 0 and complete, or None when
+        nothing of it is left in the world. A halted run cannot be rewound: refused."""
+        state, run = info.get("state"), info.get("id")
+        if state in _ROLLED_BACK or not int(info.get("step_index") or 0):
+            return None
+        if state == "halted":
+            raise RewindRefused(
+                f"Run {run}, a later run of thread {self.thread_id}, was halted by a reviewer and "
+                "cannot be rewound: going back before it would leave its calls done. Resume from a "
+                "checkpoint after it.", code="rewind_across_runs")
+        return self.client.resume_session(str(run), **self.options)
+
+    def _later(self) -> tuple[str, ...]:
+        return self.travel.later if self.travel is not None and self.travel.back else ()
+
+    def _preview(self, run: Any, step: int) -> dict[str, Any]:
+        return self.client._http.send(Call("GET", f"/api/v1/sessions/{run}/rewind",
+                                           params={"to_step": step}))
+
+    async def _apreview(self, run: Any, step: int) -> dict[str, Any]:
+        return await self.client._http.asend(Call("GET", f"/api/v1/sessions/{run}/rewind",
+                                                  params={"to_step": step}))
+
+    def _refuse_in_the_way(self, previews: list[tuple[Any, Mapping[str, Any]]]) -> None:
+        """Going back across runs rewinds several: refused before any of them is, when an
+        irreversible call of any stands in the way (the server's own 409 covers one run)."""
+        found = [{**item, "session": str(run)} for run, preview in previews
+                 for item in preview.get("irreversible_in_the_way") or []]
+        if found:
+            names = ", ".join(f"{i['tool']} at step {i['step_index']} of run {i['session']}"
+                              for i in found)
+            raise RewindRefused(f"Irreversible calls after checkpoint {self.travel.checkpoint} "
+                                f"cannot be undone: {names}. Go back with leave_irreversible to "
+                                "leave them done.", code="irreversible_in_the_way",
+                                status=409, body={"irreversible": found})
+
+    def _later_reason(self) -> str:
+        assert self.travel is not None
+        return (f"LangGraph: thread {self.thread_id} went back to checkpoint "
+                f"{self.travel.checkpoint} of an earlier run ({self.travel.session})")
 
     def _closed(self, snapshot: Any) -> bool:
         """Whether the graph paused (any interrupt: the run is not over)."""
@@ -553,19 +670,57 @@ class ThreadRun:
     # -- sync ------------------------------------------------------------------------
 
     def __enter__(self) -> ThreadRun:
+        """1. Read the checkpoint the graph resumes from, and where it stands (``_timetravel``).
+        2. Time travel to a step the run has gone past: resume that run and rewind it there
+           (the walk undoes the later calls, newest first) before the graph goes on.
+        3. Otherwise as before: resume the run of a paused or crashed thread, or open a new one.
+        """
         snapshot = self.graph.get_state(self.base_config) if self._has_checkpointer() else None
-        previous = self._previous(snapshot)
-        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None else []
-        state = self.client.get_session(previous).get("state") if previous and not holds else None
+        saver = self._saver()
+        self.travel = _timetravel.resolve(saver, self.base_config) if saver is not None else None
+        info = (self.client.get_session(self.travel.session)
+                if self.travel and self.travel.back else None)
+        back = self._back_to(info)
+        later = [self._take_back(self.client.get_session(run)) for run in self._later()]
+        later = [run for run in later if run is not None]
+        if later and not self.leave_irreversible:  # nothing is undone if anything is in the way
+            self._refuse_in_the_way([(run.id, self._preview(run.id, 0)) for run in later]
+                                    + ([(self.travel.session,
+                                         self._preview(self.travel.session, back))]
+                                       if back is not None else []))
+        for run in later:  # rewound to its start, then completed
+            run.__enter__()
+            try:
+                self.taken_back.append(run.rewind(0, reason=self._later_reason(),
+                                                  leave_irreversible=self.leave_irreversible))
+            except BaseException:
+                run._deactivate()
+                raise
+            run.__exit__(None, None, None)
+        previous = self.travel.session if self.travel else self._previous(snapshot)
+        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None and back is None else []
+        state = ((info or self.client.get_session(previous)).get("state")
+                 if previous and not holds and back is None else None)
         decided = [{**h, "effect": self.client.get_effect(str(h["effect_id"]))} for h in holds]
-        session = self._session_for(previous, state, bool(holds))
-        session.__enter__()
+        if back is not None:
+            session = self.client.resume_session(previous, **self.options)
+            self.resumed = True
+            session.__enter__()
+            try:
+                self.rewound = session.rewind(back, reason=self._reason(),
+                                              leave_irreversible=self.leave_irreversible)
+            except BaseException:
+                session._deactivate()  # the graph did not run: the run stays as it was
+                raise
+        else:
+            session = self._session_for(previous, state, bool(holds))
+            session.__enter__()
         self._opened(session, decided)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self.session is not None
-        snapshot = (self.graph.get_state(self.base_config)
+        snapshot = (self.graph.get_state(self._thread_config())
                     if exc is None and self._has_checkpointer() else None)
         if self._closed(snapshot):
             self._leave_running()
@@ -583,22 +738,56 @@ class ThreadRun:
     # -- async -----------------------------------------------------------------------
 
     async def __aenter__(self) -> ThreadRun:
+        """Async twin of ``__enter__``."""
         snapshot = (await self.graph.aget_state(self.base_config)
                     if self._has_checkpointer() else None)
-        previous = self._previous(snapshot)
-        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None else []
-        state = ((await self.client.aget_session(previous)).get("state")
-                 if previous and not holds else None)
+        saver = self._saver()
+        self.travel = (await _timetravel.aresolve(saver, self.base_config)
+                       if saver is not None else None)
+        info = (await self.client.aget_session(self.travel.session)
+                if self.travel and self.travel.back else None)
+        back = self._back_to(info)
+        later = [self._take_back(await self.client.aget_session(run)) for run in self._later()]
+        later = [run for run in later if run is not None]
+        if later and not self.leave_irreversible:
+            self._refuse_in_the_way([(run.id, await self._apreview(run.id, 0)) for run in later]
+                                    + ([(self.travel.session,
+                                         await self._apreview(self.travel.session, back))]
+                                       if back is not None else []))
+        for run in later:
+            await run.__aenter__()
+            try:
+                self.taken_back.append(await run.arewind(
+                    0, reason=self._later_reason(), leave_irreversible=self.leave_irreversible))
+            except BaseException:
+                run._deactivate()
+                raise
+            await run.__aexit__(None, None, None)
+        previous = self.travel.session if self.travel else self._previous(snapshot)
+        holds = _undolog_holds(snapshot.interrupts) if snapshot is not None and back is None else []
+        state = ((info or await self.client.aget_session(previous)).get("state")
+                 if previous and not holds and back is None else None)
         decided = [{**h, "effect": await self.client.aget_effect(str(h["effect_id"]))}
                    for h in holds]
-        session = self._session_for(previous, state, bool(holds))
-        await session.__aenter__()
+        if back is not None:
+            session = self.client.resume_session(previous, **self.options)
+            self.resumed = True
+            await session.__aenter__()
+            try:
+                self.rewound = await session.arewind(back, reason=self._reason(),
+                                                     leave_irreversible=self.leave_irreversible)
+            except BaseException:
+                session._deactivate()
+                raise
+        else:
+            session = self._session_for(previous, state, bool(holds))
+            await session.__aenter__()
         self._opened(session, decided)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self.session is not None
-        snapshot = (await self.graph.aget_state(self.base_config)
+        snapshot = (await self.graph.aget_state(self._thread_config())
                     if exc is None and self._has_checkpointer() else None)
         if self._closed(snapshot):
             self._leave_running()
@@ -633,13 +822,18 @@ def _resume(decisions: Mapping[str, Mapping[str, Any]]) -> Command:
 
 def thread_session(client: UndoLogClient, graph: Any, config: RunnableConfig, *,
                    agent: str | None = None, metadata: Mapping[str, Any] | None = None,
-                   **options: Any) -> ThreadRun:
+                   leave_irreversible: bool = False, **options: Any) -> ThreadRun:
     """``with thread_session(client, graph, config, agent="cleanup") as run:
     graph.invoke(inputs, run.config)`` (or ``async with`` and ``ainvoke``).
 
     A new run of the thread opens a session (metadata ``thread_id``); a thread whose last
     checkpoint belongs to a session still running (a crash) or to a graph paused on a held
-    call resumes that session, so the calls it committed replay. ``options`` are
-    ``client.session``'s.
+    call resumes that session, so the calls it committed replay. A thread resumed from an
+    earlier checkpoint (``config`` naming a ``checkpoint_id`` of ``get_state_history``, or
+    ``update_state``'s answer) rewinds its run to the step that checkpoint had reached
+    (reopening it if it had completed) before the graph goes on: ``run.rewound`` says what was
+    undone. Irreversible calls after that step refuse it (``RewindRefused`` naming them)
+    unless ``leave_irreversible``. ``options`` are ``client.session``'s.
     """
-    return ThreadRun(client, graph, config, agent=agent, metadata=metadata, options=options)
+    return ThreadRun(client, graph, config, agent=agent, metadata=metadata, options=options,
+                     leave_irreversible=leave_irreversible)
