@@ -6,7 +6,7 @@ scheduler injecting faults; every request and answer is recorded, and the checke
 receiver's log and the database.
 
 `python -m tests.faults.nemesis --seconds 600` (`make nemesis`) is the long run; `make
-nemesis-short` (CI) runs one fault of each kind on each role it can strike (PLAN: 12). The seed
+nemesis-short` (CI) runs one fault of each kind on each role it can strike (PLAN: 13). The seed
 varies and is printed; `--seed N` or `NEMESIS_SEED=N` replays one. `make nemesis-mutants`
 (tests/faults/mutate.py) proves the checker on deliberate bugs. Root, iproute2 and nftables needed.
 
@@ -23,8 +23,11 @@ Faults, one at a time, each healed before the next: a web node cut from the prim
 a worker cut from Redis; a worker cut from the receiver mid-walk; a node's link taken down (a
 web node, a worker); SIGKILL of a process (a web node's gunicorn, a worker, beat, Redis),
 restarted; the failover (the primary cut from its standby, then crashed; the standby promoted,
-the old host back as a fresh standby); a worker paused with SIGSTOP, then continued; a worker
-restarted with its clock 30-90 s off (libfaketime), then restarted right. Faults that stop or
+the old host back as a fresh standby); a failover a partition causes (the primary alive, cut from
+its standby, beat, the ASGI node and one web node and worker, still serving the other two; the
+standby promoted: two primaries for a few seconds, then the old one fenced and rebuilt); a worker
+paused with SIGSTOP, then continued; a worker restarted with its clock 30-90 s off (libfaketime),
+then restarted right. Faults that stop or
 cut a worker are held past the lease (the function's timeout plus UNDOLOG_UNDO_STALL_S), so its
 claims are taken over."""
 
@@ -65,7 +68,8 @@ WEB, WORKERS = ["web1", "web2"], ["worker1", "worker2"]
 # so that its claims are taken over.
 PLAN = [("web-pg", "web"), ("worker-redis", "worker"), ("worker-receiver", "worker"), ("link-down", "web"),
         ("link-down", "worker"), ("sigkill", "web"), ("sigkill", "worker"), ("sigkill", "beat"),
-        ("sigkill", "redis"), ("failover", "primary"), ("sigstop", "worker"), ("clock", "worker")]
+        ("sigkill", "redis"), ("failover", "primary"), ("partition", "primary"), ("sigstop", "worker"),
+        ("clock", "worker")]
 KINDS = sorted({kind for kind, _ in PLAN})
 PAST_LEASE = {"worker-receiver", "link-down", "sigstop"}
 FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "libfaketime.so.1")
