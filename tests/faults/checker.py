@@ -27,7 +27,14 @@ The invariants, as checked (each violation carries its evidence):
 - `completed run kept`: every `/complete` 200 ends completed, nothing of it undone (unless a fleet
   rollback took it later).
 - `rejection halts`: a reject 200 (the deciding one) leaves the effect rejected and its run halted.
-- `expiry expires`: a held call nobody decided ends expired, its run halted.
+  A decision whose answer a fault lost (no answer: a broken connection, a timeout, a request still
+  out at the run's end; or a 503 saying its outcome is unknown) may have been applied: where no
+  decision was answered 200 and the request ended as such a decision says, that one is the
+  deciding one, held to the same (`decisions_answer_lost` counts them).
+- `expiry expires`: a held call nobody decided ends expired, its run halted. "Nobody decided": no
+  decision answered 200, and none whose answer was lost that the request's final state matches.
+  A call that ended rejected with no reject sent, or only one answered "nothing was changed" or
+  4xx, is a violation.
 - `cap`: no run has more irreversible effects than its cap, answered or recorded; the run's
   counter equals its irreversible effects (no double charge, no lost one); a run refused over the
   cap has used its slot.
@@ -35,14 +42,17 @@ The invariants, as checked (each violation carries its evidence):
 - compensations, from the receiver's log: `delivery of an entry that ran` (no delivery for an
   unknown entry, a skipped one, or one whose effect never started), `only rolled-back runs undone`
   (no delivery for a run nobody asked to roll back), `newest first` (a run's entries applied
-  newest step first), `one delivery in flight per key` (two deliveries of one key never overlap:
-  from arrival to answer, or to the sender's timeout for one the receiver stalled), and
+  newest step first), `one delivery in flight per key` (no delivery of a key arrives while an
+  earlier one of it is in flight: not answered yet, its sender still waiting, its connection open.
+  The receiver reads that from the kernel at each arrival, not from its own timestamps: a thread of
+  the receiver starved under load stamps late, and a sender that timed out and hung up is no
+  longer waiting however late the receiver answers; `resent_after_sender_gave_up` counts those), and
   `redelivery explained`: a second delivery of a key is allowed only where the one before was cut
-  short: the receiver answered 5xx, dropped the connection or stalled past the timeout
-  (`redeliveries_after_receiver`), or a fault that can cut a delivery short was under way between
-  the two (from its start to `FAULT_REACH_S` after its heal: a worker killed, stopped, cut from the
-  receiver, its link down or restarted; a failover; `redeliveries_after_fault`). Any other is a
-  violation.
+  short: the receiver answered 5xx, dropped the connection, stalled past the timeout or answered
+  after its sender had given up (`redeliveries_after_receiver`), or a fault that can cut a
+  delivery short was under way between the two (from its start to `FAULT_REACH_S` after its heal:
+  a worker killed, stopped, cut from the receiver, its link down or restarted; a failover;
+  `redeliveries_after_fault`). Any other is a violation.
 """
 
 from __future__ import annotations
@@ -60,11 +70,12 @@ NEVER_STARTED = ("pending", "approved", "rejected", "expired")
 # timeout plus UNDOLOG_UNDO_STALL_S), the sweep's period, a restarted worker's start.
 FAULT_REACH_S = 10.0
 # The faults that can cut a delivery short: those that strike a worker mid-attempt (killed,
-# stopped, cut from the receiver, its link down, restarted for its clock) and the failover (the
-# record of an attempt lost with the primary). A web node's, beat's or Redis's fault cannot: a
-# redelivery under one of those alone is a violation.
+# stopped, cut from the receiver, its link down, restarted for its clock) and the failovers (the
+# record of an attempt, or its claim, lost with the old primary). A web node's, beat's or Redis's
+# fault cannot: a redelivery under one of those alone is a violation.
 CUTS_DELIVERIES = {("worker-receiver", "worker"), ("link-down", "worker"), ("sigkill", "worker"),
-                   ("sigstop", "worker"), ("clock", "worker"), ("failover", "primary")}
+                   ("sigstop", "worker"), ("clock", "worker"), ("failover", "primary"),
+                   ("partition", "primary")}
 
 
 def _load(path: Path) -> list[dict]:
@@ -77,14 +88,15 @@ def _session_of(entry: dict) -> str | None:
 
 
 def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dict], irreversible: set[str],
-          cap: int, fleet_agent: str, fn_timeout_s: float) -> dict:
-    history = _load(history_path)
-    deliveries = _load(receiver_path)
-    violations: list[dict] = []
+          cap: int, fleet_agent: str) -> dict:
+    """The run's report: its figures and its violations (the history, the receiver's log and the
+    database as the walks left it)."""
+    return judge(_load(history_path), _load(receiver_path), read_state(url), faults=faults,
+                 irreversible=irreversible, cap=cap, fleet_agent=fleet_agent)
 
-    def violation(rule: str, **evidence) -> None:
-        violations.append({"rule": rule, "evidence": evidence})
 
+def read_state(url: str) -> dict[str, dict]:
+    """The final state the rules hold the answers against: effects, undo entries, runs, approvals."""
     with psycopg.connect(url, connect_timeout=5) as db:
         effects = {str(r[0]): {"session": str(r[1]), "state": r[2], "result": r[3], "tool": r[4], "step": r[5]}
                    for r in db.execute("SELECT id, session_id, state, result, tool_name, step_index "
@@ -99,6 +111,18 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         approvals = {str(r[0]): {"state": r[1], "effect": str(r[2]), "session": str(r[3]), "due": r[4]}
                      for r in db.execute("SELECT id, state, effect_id, session_id, timeout_at < now() "
                                          "FROM approvals_approvalrequest")}
+    return {"effects": effects, "entries": entries, "sessions": sessions, "approvals": approvals}
+
+
+def judge(history: list[dict], deliveries: list[dict], state: dict[str, dict], *, faults: list[dict],
+          irreversible: set[str], cap: int, fleet_agent: str) -> dict:
+    """Every rule over the client's history, the receiver's log and the final state (`read_state`)."""
+    effects, entries, sessions, approvals = (state[k] for k in ("effects", "entries", "sessions", "approvals"))
+    violations: list[dict] = []
+
+    def violation(rule: str, **evidence) -> None:
+        violations.append({"rule": rule, "evidence": evidence})
+
     entries_of: dict[str, list[str]] = defaultdict(list)
     for key, row in entries.items():
         entries_of[row["session"]].append(key)
@@ -168,7 +192,12 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
     rolled_back_acked: set[str] = set()  # one was acknowledged: it must end rolled back
     completed_acked: set[str] = set()
     commits_acked: dict[str, dict] = {}
-    decided: dict[str, list[dict]] = defaultdict(list)
+    decided: dict[str, list[dict]] = defaultdict(list)  # approval -> its decisions answered 200
+    # approval -> its decisions whose answer a fault lost (a broken connection, a timeout, a 503
+    # saying the outcome is unknown): each may have been applied. A 503 that says nothing was
+    # changed, and any 4xx, applied nothing.
+    unanswered: dict[str, list[dict]] = defaultdict(list)
+    decision_attempts: dict[str, list[dict]] = defaultdict(list)  # every one, whatever its answer
     fleet: list[tuple[float, float]] = []
     for e in history:
         session = _session_of(e)
@@ -189,8 +218,11 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
             row = approvals.get(approval)
             if rollback and row:
                 rollback_asked.add(row["session"])
+            decision_attempts[approval].append({"verb": verb, "request": e})
             if e["status"] == 200:
                 decided[approval].append({"verb": verb, "rollback": rollback, "request": e})
+            elif e["status"] == 0 or (e["status"] == 503 and e["answer"].get("outcome") == "unknown"):
+                unanswered[approval].append({"verb": verb, "rollback": rollback, "request": e})
         elif e["path"].endswith("/rollback") and "/agents/" in e["path"]:
             fleet.append((e["t0"], e["t1"], e["status"]))
     fleet_runs = {s for s, row in sessions.items() if row["agent"] == fleet_agent}
@@ -206,6 +238,11 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         rollback_asked |= {s for s in fleet_runs if created_at.get(s, 0) >= first_fleet}
 
     # ---- decisions
+    # The deciding decision of each approval: the one answered 200; else, where no decision was
+    # answered 200, one whose answer was lost and whose verb the request's final state names (it
+    # was applied; its answer never came back). An approval decided with neither is no decision of
+    # the client's: rule `expiry expires` holds it.
+    deciding: dict[str, dict] = {}
     for approval, wins in decided.items():
         row = approvals.get(approval)
         if len(wins) > 1:
@@ -215,25 +252,43 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         if row is None or row["state"] != expected:
             violation("decided once", approval=approval, decision=win["verb"], row=row)
             continue
+        deciding[approval] = win
+    answer_lost = 0
+    for approval, attempts in unanswered.items():
+        row = approvals.get(approval)
+        verb = {"approved": "approve", "rejected": "reject"}.get(row["state"]) if row else None
+        applied = [a for a in attempts if a["verb"] == verb]
+        if approval in decided or not applied:
+            continue
+        answer_lost += 1
+        # Rolled back only if every such attempt asked for it; otherwise a plain reject may be the
+        # one applied, and the run either halts or was rolled back.
+        deciding[approval] = {**applied[0], "rollback": all(a["rollback"] for a in applied), "answered": False}
+    for approval, win in deciding.items():
+        row = approvals[approval]
         if win["verb"] == "reject":
             effect = effects.get(row["effect"], {})
             run = sessions.get(row["session"], {})
             if effect.get("state") != "rejected":
-                violation("rejection halts", approval=approval, effect=effect)
+                violation("rejection halts", approval=approval, effect=effect, answered=win.get("answered", True))
             if win["rollback"]:
                 rolled_back_acked.add(row["session"])
             elif row["session"] not in rollback_asked and run.get("state") != "halted":
-                violation("rejection halts", approval=approval, session=run)
+                violation("rejection halts", approval=approval, session=run, answered=win.get("answered", True))
 
     # ---- expiry
     for effect, call in held.items():
-        if call["approval"] in decided or not approvals.get(call["approval"], {}).get("due"):
-            continue  # decided, or its deadline is still ahead
+        if call["approval"] in decided or call["approval"] in deciding \
+                or not approvals.get(call["approval"], {}).get("due"):
+            continue  # decided (answered, or applied with its answer lost), or its deadline is still ahead
         row, run = effects.get(effect, {}), sessions.get(call["session"], {})
         if call["session"] in rollback_asked:
             continue
         if row.get("state") != "expired" or run.get("state") != "halted":
-            violation("expiry expires", effect=effect, row=row, session=run, tool=call["tool"])
+            violation("expiry expires", effect=effect, row=row, session=run, tool=call["tool"],
+                      approval=approvals.get(call["approval"]), decisions=[
+                          (a["verb"], a["request"]["status"], a["request"]["answer"])
+                          for a in decision_attempts[call["approval"]]])
 
     # ---- runs the client rolled back, and the ones it completed
     for session in rolled_back_acked:
@@ -298,7 +353,7 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
     for d in sorted(deliveries, key=lambda d: d["arrived"]):
         by_key[d["key"]].append(d)
     applied_at: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
-    after_receiver = after_fault = 0
+    after_receiver = after_fault = gave_up = 0
     windows = [(f["at"], f["healed"] + FAULT_REACH_S) for f in faults
                if (f["kind"], f.get("role", "worker")) in CUTS_DELIVERIES]
     for key, sent in by_key.items():
@@ -314,11 +369,17 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         first_applied = next((d for d in sent if d["applied"]), None)
         if first_applied is not None:
             applied_at[row["session"]].append((first_applied["arrived"], row["step"], key))
+        for delivery in sent:
+            # Read by the receiver at the delivery's arrival, from the kernel: an earlier delivery
+            # of the key, not answered yet, whose sender still waited for it (its connection open).
+            if delivery.get("in_flight_with"):
+                ns = {d["n"] for d in delivery["in_flight_with"]}
+                violation("one delivery in flight per key", key=key, delivery=delivery,
+                          in_flight=[d for d in sent if d["n"] in ns])
+            gave_up += bool(delivery.get("gave_up_on"))
         for before, after in zip(sent, sent[1:], strict=False):
-            end = before["arrived"] + fn_timeout_s - 0.05 if before["outcome"] == "stall" else before["ended"]
-            if after["arrived"] < end:
-                violation("one delivery in flight per key", key=key, first=before, second=after)
-            if before["outcome"] in ("5xx", "drop", "stall"):
+            if before["outcome"] in ("5xx", "drop", "stall") or before["n"] in after.get("gave_up_on", ()):
+                # The receiver failed it, or answered it after its sender had given up (timed out).
                 after_receiver += 1
             elif any(start <= after["arrived"] and before["arrived"] <= stop for start, stop in windows):
                 after_fault += 1
@@ -343,6 +404,29 @@ def check(history_path: Path, receiver_path: Path, url: str, *, faults: list[dic
         "deliveries": len(deliveries), "deliveries_by_outcome": dict(outcomes),
         "compensations_applied": sum(1 for d in deliveries if d["applied"]),
         "redeliveries": after_receiver + after_fault, "redeliveries_after_receiver": after_receiver,
-        "redeliveries_after_fault": after_fault,
+        "redeliveries_after_fault": after_fault, "resent_after_sender_gave_up": gave_up,
+        "decisions_answer_lost": answer_lost,
         "violations": violations,
     }
+
+
+def main() -> int:
+    """`python -m tests.faults.checker WORK`: judge a kept run again (`make nemesis
+    NEMESIS_ARGS=--keep` keeps its work directory: history, receiver's log, final state, faults)."""
+    import sys
+
+    from tests.faults import nemesis
+
+    work = Path(sys.argv[1])
+    state = json.loads((work / "state.json").read_text())
+    report = judge(_load(work / "history.jsonl"), _load(work / "receiver.jsonl"), state,
+                   faults=json.loads((work / "faults.json").read_text()), **nemesis.checker_options())
+    print(json.dumps({k: v for k, v in report.items() if k != "violations"}, default=str))
+    print(f"violations: {len(report['violations'])} {dict(Counter(v['rule'] for v in report['violations']))}")
+    for v in report["violations"]:
+        print(f"  {v['rule']}: {json.dumps(v['evidence'], default=str)[:3000]}")
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
