@@ -46,7 +46,8 @@ The invariants, as checked (each violation carries its evidence):
   earlier one of it is in flight: not answered yet, its sender still waiting, its connection open.
   The receiver reads that from the kernel at each arrival, not from its own timestamps: a thread of
   the receiver starved under load stamps late, and a sender that timed out and hung up is no
-  longer waiting however late the receiver answers; `resent_after_sender_gave_up` counts those), and
+  longer waiting however late the receiver answers; `resent_after_sender_gave_up` counts those;
+  nor is one that TCP delivered after its own sender had hung up, `delivered_after_sender_gave_up`), and
   `redelivery explained`: a second delivery of a key is allowed only where the one before was cut
   short: the receiver answered 5xx, dropped the connection, stalled past the timeout or answered
   after its sender had given up (`redeliveries_after_receiver`), or a fault that can cut a
@@ -353,7 +354,7 @@ def judge(history: list[dict], deliveries: list[dict], state: dict[str, dict], *
     for d in sorted(deliveries, key=lambda d: d["arrived"]):
         by_key[d["key"]].append(d)
     applied_at: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
-    after_receiver = after_fault = gave_up = 0
+    after_receiver = after_fault = gave_up = abandoned = 0
     windows = [(f["at"], f["healed"] + FAULT_REACH_S) for f in faults
                if (f["kind"], f.get("role", "worker")) in CUTS_DELIVERIES]
     for key, sent in by_key.items():
@@ -372,11 +373,14 @@ def judge(history: list[dict], deliveries: list[dict], state: dict[str, dict], *
         for delivery in sent:
             # Read by the receiver at the delivery's arrival, from the kernel: an earlier delivery
             # of the key, not answered yet, whose sender still waited for it (its connection open).
-            if delivery.get("in_flight_with"):
-                ns = {d["n"] for d in delivery["in_flight_with"]}
-                violation("one delivery in flight per key", key=key, delivery=delivery,
-                          in_flight=[d for d in sent if d["n"] in ns])
+            # A delivery whose own sender had hung up on arrival (`abandoned`: TCP brought it after
+            # its sender gave up) has nobody waiting: it is not in flight, on either side of a pair.
+            ns = {d["n"] for d in delivery.get("in_flight_with", ())}
+            waited = [d for d in sent if d["n"] in ns and not d.get("abandoned")]
+            if waited and not delivery.get("abandoned"):
+                violation("one delivery in flight per key", key=key, delivery=delivery, in_flight=waited)
             gave_up += bool(delivery.get("gave_up_on"))
+            abandoned += bool(delivery.get("abandoned"))
         for before, after in zip(sent, sent[1:], strict=False):
             if before["outcome"] in ("5xx", "drop", "stall") or before["n"] in after.get("gave_up_on", ()):
                 # The receiver failed it, or answered it after its sender had given up (timed out).
@@ -405,6 +409,7 @@ def judge(history: list[dict], deliveries: list[dict], state: dict[str, dict], *
         "compensations_applied": sum(1 for d in deliveries if d["applied"]),
         "redeliveries": after_receiver + after_fault, "redeliveries_after_receiver": after_receiver,
         "redeliveries_after_fault": after_fault, "resent_after_sender_gave_up": gave_up,
+        "delivered_after_sender_gave_up": abandoned,
         "decisions_answer_lost": answer_lost,
         "violations": violations,
     }

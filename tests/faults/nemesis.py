@@ -89,10 +89,13 @@ BRISK = {"UNDOLOG_UNDO_SWEEP_S": "1", "UNDOLOG_UNDO_STALL_S": "3", "DB_POOL_MAX"
 # arrival: the deliveries of its key not answered yet whose sender still waited for their answer
 # (`in_flight_with`: two in flight at once) and those whose sender had hung up (`gave_up_on`: it
 # timed out or died; that delivery is no longer in flight, however late this receiver's thread
-# for it runs). Whether a sender still waits is read from the kernel (its connection open, not
-# closed or reset), not from this process's clock: under load a thread of this receiver can run a
-# second late, and a timestamp it takes then says when it ran, not when its sender gave up (the
-# 400-fault run's 23 us "overlap"). `X-Nemesis-Outcome` forces an outcome (tests/faults/test_receiver.py).
+# for it runs); and whether its own sender had hung up within `hold` of its arrival, long before
+# any timeout (`abandoned`: TCP delivered it after its sender gave up, e.g. data a closed socket
+# kept retransmitting until a cut healed; nobody waits for it). Whether a sender still waits is
+# read from the kernel (its connection open, not closed or reset), not from this process's clock:
+# under load a thread of this receiver can run a second late, and a timestamp it takes then says
+# when it ran, not when its sender gave up (the 400-fault run's 23 us "overlap").
+# `X-Nemesis-Outcome` forces an outcome (tests/faults/test_receiver.py).
 RECEIVER = """
 import json, random, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -128,6 +131,10 @@ class Handler(BaseHTTPRequestHandler):
             in_flight = [{"n": m, "arrived": others[m][0]} for m, w in waits.items() if w]
             gave_up = [m for m, w in waits.items() if not w]
             others[n] = (arrived, self.connection)
+            # Abandoned: its own sender had hung up already (checked again after `hold` below, long
+            # before any sender's timeout): a request TCP delivered after its sender gave up (data
+            # a closed socket still retransmits once a cut heals). No sender waits for it.
+            abandoned = not sender_waits(self.connection)
             roll, hold = rng.random(), rng.uniform(0.02, 0.1)
             outcome = self.headers.get("X-Nemesis-Outcome") or (
                 "5xx" if roll < 0.08 else "drop" if roll < 0.12 else "stall" if roll < 0.16 else "ok")
@@ -151,7 +158,9 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
         else:
-            time.sleep(timeout + 0.3 if outcome == "stall" else hold)
+            time.sleep(hold)
+            abandoned = abandoned or not sender_waits(self.connection)
+            time.sleep(timeout + 0.3 - hold if outcome == "stall" else 0)
             status, body = (503, b'{"error": "scripted"}') if outcome == "5xx" else (200, b'{"ok": true}')
             ended = decided()
             try:
@@ -165,7 +174,7 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             log.write(json.dumps({"key": key, "n": n, "attempt": attempt, "arrived": arrived, "ended": ended,
                                   "outcome": outcome, "applied": first, "in_flight_with": in_flight,
-                                  "gave_up_on": gave_up}) + "\\n")
+                                  "gave_up_on": gave_up, "abandoned": abandoned}) + "\\n")
             log.flush()
 
     def log_message(self, *args):
@@ -780,7 +789,7 @@ def print_report(report: dict, out=print) -> None:
         "completions_acknowledged", "fleet_rollbacks", "approvals_decided", "rejections", "expired",
         "refused_over_cap", "deliveries", "compensations_applied", "redeliveries", "redeliveries_after_receiver",
         "redeliveries_after_fault",
-        "resent_after_sender_gave_up", "decisions_answer_lost")))
+        "resent_after_sender_gave_up", "delivered_after_sender_gave_up", "decisions_answer_lost")))
     out(f"receiver answers: {report['deliveries_by_outcome']}; attempts recorded: {report['attempts']}")
     out(f"statuses: {report['statuses']}")
     out("unserved answers (503, broken connections) per fault kind: " + json.dumps(report.get("errors_per_fault")))

@@ -140,3 +140,20 @@ def test_a_redelivery_after_an_answer_nothing_cut_short_is_unexplained():
     report = judge(FAILED, walked(), [delivery(1, 1.0, 1.05), delivery(2, 1.5, 1.55)])
 
     assert rules(report) == ["redelivery explained"]
+
+
+def test_a_delivery_tcp_brought_after_its_sender_gave_up_is_not_in_flight():
+    # Attempt 1, sent into a cut and given up, retransmitted by the kernel once the cut healed,
+    # arrives while attempt 3 is answered: nobody waits for attempt 1, on either side of the pair.
+    cut = [{"kind": "worker-receiver", "role": "worker", "at": 0.0, "healed": 0.9}]
+    ghost_second = [delivery(1, 1.0, 1.05), delivery(2, 1.04, 1.1, in_flight_with=[{"n": 1, "arrived": 1.0}],
+                                                     abandoned=True)]
+    ghost_first = [delivery(1, 1.0, 1.05, abandoned=True), delivery(2, 1.02, 1.08,
+                                                                    in_flight_with=[{"n": 1, "arrived": 1.0}])]
+
+    for deliveries in (ghost_second, ghost_first):
+        report = checker.judge(FAILED, deliveries, walked(), faults=cut, irreversible={"delete_account"}, cap=1,
+                               fleet_agent="agent-5")
+
+        assert rules(report) == []
+        assert report["delivered_after_sender_gave_up"] == 1

@@ -111,3 +111,17 @@ def test_deliveries_of_other_keys_never_overlap_one_another(receiver):
         thread.join()
 
     assert all(d["in_flight_with"] == [] for d in logged(log, 2))
+
+
+def test_a_request_whose_sender_hung_up_before_its_answer_is_logged_abandoned(receiver):
+    url, log = receiver
+    port = int(url.split(":")[2].split("/")[0])
+    body = b'{"attempt": 1}'
+    with socket.create_connection(("127.0.0.1", port)) as ghost:  # sent, then given up at once
+        ghost.sendall(b"POST /undo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k5\r\nX-Nemesis-Outcome: ok\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        ghost.shutdown(socket.SHUT_WR)
+    assert deliver(url, "k6", "ok") == 200
+
+    ghost_logged, waited = sorted(logged(log, 2), key=lambda d: d["key"])
+    assert ghost_logged["abandoned"] is True and waited["abandoned"] is False
