@@ -1,6 +1,7 @@
 /* Agents: Resume / Suspend (reviewer), the per-agent and org incident switches, budget
- * limits, new agents and their keys (admin). Everything acts through the API; the server
- * re-renders the cards after. A new key is shown once, outside the re-rendered part. */
+ * limits, new agents and their keys (admin), and a fleet rollback's progress (each agent's page
+ * starts one). Everything acts through the API; the server re-renders the cards after. A new
+ * key is shown once, outside the re-rendered part. */
 (function () {
   "use strict";
   var UL = window.UL;
@@ -119,8 +120,6 @@
         UL.act(button, function () { return UL.api("PATCH", budgetPath(name), {max_irreversible_per_run: 0}); },
                name + " may make no irreversible call.").then(refresh, function () {});
       });
-    } else if (button.dataset.action === "rollback") {
-      rollBack(button, card, name);
     } else if (button.dataset.action === "agent-incident-off") {
       // Back to the cap it had before the switch (the server read it from the budget history).
       var raw = button.dataset.restore || "";
@@ -135,51 +134,28 @@
     return "/api/v1/agents/" + encodeURIComponent(name) + "/rollback";
   }
 
-  /* Fleet rollback: the preview says what it will take, a person confirms with a reason, then the
-   * card shows the entries left until the walks are done. */
-  function rollBack(button, card, name) {
-    var minutes = parseInt(card.querySelector("[data-role=rollback-since]").value, 10);
-    var since = new Date(Date.now() - minutes * 60000).toISOString();
-    UL.api("GET", rollbackPath(name) + "?since=" + encodeURIComponent(since)).then(function (plan) {
-      return UL.confirm({
-        title: "Roll back " + plan.runs + " run" + (plan.runs === 1 ? "" : "s") + " of " + name + "?",
-        body: "Fails its " + plan.running + " running run" + (plan.running === 1 ? "" : "s") + " and undoes the " +
-              plan.ended + " that ended since " + UL.formatTime(since) + ": " + plan.entries +
-              " undo entr" + (plan.entries === 1 ? "y" : "ies") + " compensated, newest first within each run. " +
-              "It cannot be taken back.",
-        confirm: "Roll back " + plan.runs + " run" + (plan.runs === 1 ? "" : "s"),
-        input: {label: "Reason", required: true}
-      });
-    }).then(function (reason) {
-      if (reason === null || reason === undefined) return;
-      UL.act(button, function () { return UL.api("POST", rollbackPath(name), {since: since, reason: reason}); },
-             null).then(function (answer) {
-        UL.flash(name + ": " + answer.runs + " runs rolled back, " + answer.entries + " undo entries to walk.", "ok");
-        watch(name);
-      }, function () {});
-    }, function (error) { UL.flash((error && error.message) || "Could not read what the rollback would take.", "error"); });
-  }
-
+  /* A fleet rollback is started on the agent's page (the card's "Roll back runs…" links there);
+   * a card shows the entries one has left until the walks are done. */
   var watching = {};
 
   function watch(name) {
     if (watching[name]) return;
     watching[name] = true;
-    (function tick() {
-      UL.api("GET", rollbackPath(name)).then(function (answer) {
-        var left = answer.in_progress;
-        var line = holder.querySelector('[data-agent="' + CSS.escape(name) + '"] [data-role=rollback-progress]');
-        if (line) {
-          line.hidden = left.entries_left === 0;
-          line.dataset.entriesLeft = left.entries_left;
-          line.querySelector("[data-role=rollback-entries]").textContent = left.entries_left;
-          line.querySelector("[data-role=rollback-runs]").textContent = left.runs;
-        }
-        if (left.entries_left > 0) { setTimeout(tick, 1000); return; }
-        watching[name] = false;
-        refresh();
-      }, function () { watching[name] = false; });
-    })();
+    UL.follow(rollbackPath(name), function (answer) {
+      if (!answer) { watching[name] = false; return false; }
+      var left = answer.in_progress;
+      var line = holder.querySelector('[data-agent="' + CSS.escape(name) + '"] [data-role=rollback-progress]');
+      if (line) {
+        line.hidden = left.entries_left === 0;
+        line.dataset.entriesLeft = left.entries_left;
+        line.querySelector("[data-role=rollback-entries]").textContent = left.entries_left;
+        line.querySelector("[data-role=rollback-runs]").textContent = left.runs;
+      }
+      if (left.entries_left > 0) return true;
+      watching[name] = false;
+      refresh();
+      return false;
+    });
   }
 
   // A rollback already under way when the page loads (or started elsewhere): follow it.

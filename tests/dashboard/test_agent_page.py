@@ -25,6 +25,17 @@ def test_a_member_sees_the_agent_and_only_an_admin_the_rollback_control(acme):
     assert b'href="/agents/cleanup/"' in page_client(acme, "viewer").get("/agents/").content
 
 
+def test_the_agents_list_rolls_back_only_through_a_link_to_the_agents_page(acme):
+    """One place to roll an agent back: the list's card links an admin to the page's control and
+    offers no preset of its own ("1 hour ago" counted from the click, in no stated zone)."""
+    admin = page_client(acme, "admin").get("/agents/").content.decode()
+    viewer = page_client(acme, "viewer").get("/agents/").content.decode()
+
+    assert 'data-action="rollback" href="/agents/cleanup/#rollback-form"' in admin
+    assert "rollback-since" not in admin and "hour ago" not in admin
+    assert 'data-action="rollback"' not in viewer  # the control there is an admin's, as is this link
+
+
 def test_the_control_defaults_to_an_hour_ago_on_the_orgs_clocks_and_names_the_zone(acme):
     acme.org.time_zone = "Asia/Kolkata"  # UTC+05:30 all year
     acme.org.save()

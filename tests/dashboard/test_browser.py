@@ -387,7 +387,10 @@ def test_an_admin_saves_the_org_settings_and_adds_and_deletes_a_webhook(acme, se
     assert acme.admin.get("/api/v1/webhooks").json()["webhooks"] == []
 
 
-def test_an_admin_rolls_back_an_agents_runs_and_watches_the_entries_left(acme, server, new_page):
+def test_the_agents_card_sends_an_admin_to_the_agents_page_to_roll_back_and_shows_the_entries_left(
+        acme, server, new_page):
+    """One place to roll an agent back: its page (a time on the org's clocks). The list's card has
+    no rollback control of its own, only the link there, and shows a rollback's entries left."""
     from lifecycle import undo
     from orgs.models import Event
     from tests.effects.conftest import build_stack
@@ -400,22 +403,29 @@ def test_an_admin_rolls_back_an_agents_runs_and_watches_the_entries_left(acme, s
         page = new_page()
         log_in(page, acme.admin.user)
         page.goto("/agents/")
+        card = "[data-agent=cleanup]"
+        controls = page.locator(f"{card} header.agent-head").evaluate(
+            "head => [...head.querySelectorAll('select, input')].length")
 
-        page.click("[data-agent=cleanup] button[data-action=rollback]")
+        page.click(f"{card} a[data-action=rollback]")
+        page.wait_for_url("**/agents/cleanup/#rollback-form")
+        page.click("#rollback-submit")  # the form's default: runs that ended in the last hour
         page.wait_for_function("() => document.getElementById('confirm-title').textContent.includes('2 runs')")
-        asked = page.inner_text("#confirm-body")
         page.fill("#confirm-input", "prompt injection")
         page.click("#confirm-ok")
+        page.wait_for_selector("#rollbacks tr[data-rollback]")
+        page.click(".crumbs a")  # back to the list
         # No worker in this test: the walks wait, and the card says how many entries are left.
-        progress = "[data-agent=cleanup] [data-role=rollback-progress]"
+        progress = f"{card} [data-role=rollback-progress]"
         page.wait_for_selector(f"{progress}:not([hidden])")
-        assert page.inner_text(f"{progress} [data-role=rollback-entries]") == "3"
+        entries_left = page.inner_text(f"{progress} [data-role=rollback-entries]")
 
         for session_id in (running.session_id, done.session_id):
             undo.walk(session_id)
         page.wait_for_selector(progress, state="hidden", timeout=5000)
 
-    assert "1 running run" in asked and "3 undo entries" in asked
+    assert controls == 0  # no preset menu beside the link
+    assert entries_left == "3"
     assert Event.objects.get(kind="agent.rolled_back").data["reason"] == "prompt injection"
     assert {running.session.state, done.session.state} == {"compensated"}
 
