@@ -259,13 +259,17 @@ def channel_layer_host(redis_url: str) -> dict:
     after `socket_timeout`, whose default is also 5 s: the read lost that race, and every quiet
     dashboard socket was closed as "Redis unreachable" every ~5 s. A dict host is passed to
     `ConnectionPool.from_url(address, **rest)` as is (channels_redis.utils.create_pool); a read
-    timeout of three blocking rounds still notices a Redis that stopped answering."""
+    timeout of three blocking rounds still notices a Redis that stopped answering. That read no
+    longer ends a receive whose cancellation Python 3.11 lost (before, it did, by accident): the
+    layer's class does (core/channel_layer.py)."""
     return {"address": redis_url, "socket_timeout": 15, "socket_connect_timeout": 5}
 
 
+# channels-redis' layer, whose receive stops when cancelled on Python 3.11 too (core/channel_layer.py).
+CHANNEL_LAYER_BACKEND = "core.channel_layer.RedisChannelLayer"
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": CHANNEL_LAYER_BACKEND,
         "CONFIG": {"hosts": [channel_layer_host(REDIS_URL)], "prefix": "undolog"},
     }
 }

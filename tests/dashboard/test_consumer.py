@@ -363,7 +363,7 @@ def test_a_redis_outage_closes_the_socket_with_one_log_line_and_no_traceback(acm
 
     reviewer = cookie_of(acme.reviewer.user)
     with own_redis() as redis_server:
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": settings.CHANNEL_LAYER_BACKEND,
                                                "CONFIG": {"hosts": [channel_layer_host(redis_server.url)],
                                                           "prefix": "undolog"}}}
         from channels.layers import channel_layers
