@@ -258,42 +258,16 @@ SELECT id FROM kept
 _FAST_FIELDS = frozenset({"value", "absent", "after_digest"})
 
 
-def _body(request) -> Any:
-    """The body, parsed by orjson under the API parser's rules, as `intercept.wire.json_body` does, but
-    for an integer past 64 bits (which orjson reads as a float, losing digits: the kept value and
-    its digest would differ from what was sent) it walks the parsed value instead of scanning the
-    text for 19 digits in a row: a pre-image is a few large strings (a file's text), where that
-    scan took 0.3 ms of a 10 KiB body full of digits and the walk visits three values."""
-    import orjson
-    from django.core.exceptions import RequestDataTooBig
-
-    from core.parsers import MAX_JSON_DEPTH, depth_exceeds, has_nul
-    from lifecycle.intercept.wire import has_inexact_number
-
-    if request.content_type != "application/json":
-        return None
-    try:
-        raw = request.body
-        data = orjson.loads(raw)
-    except (orjson.JSONDecodeError, RequestDataTooBig):
-        return None
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth_exceeds(data):
-        return None
-    if (b"\\u0000" in raw and has_nul(data)) or has_inexact_number(data):
-        return None
-    return data
-
-
 def fast_keep(request, effect_id: str):
     """The answer to a pre-image that fits its bounds, or None for the view to give it."""
     import re
     import uuid
 
-    from lifecycle.intercept.wire import remembered_key, respond
+    from lifecycle.intercept.wire import json_body, remembered_key, respond
     from orgs.models import AgentKey
 
     key = remembered_key(request)
-    data = _body(request) if key is not None else None
+    data = json_body(request, few_values=True) if key is not None else None
     if not isinstance(data, dict) or set(data) - _FAST_FIELDS:
         return None
     absent, after = data.get("absent", False), data.get("after_digest", "")

@@ -21,12 +21,14 @@ def remembered_key(request) -> RememberedKey | None:
     return AgentKey.remembered(raw.strip()) if scheme == "Bearer" else None
 
 
-def json_body(request) -> Any:
+def json_body(request, *, few_values: bool = False) -> Any:
     """The body, parsed by orjson (~10x DRF's parser), under the API parser's nesting and NUL
     rules; None when the slow path must answer. orjson refuses a little more than DRF's parser
     (lone surrogates), and reads an integer past 64 bits as a float, losing digits: those too go
     to the slow path, which decides as always, so the fast path never answers differently, it
-    only answers less."""
+    only answers less. `few_values`: a body of a few large strings (a pre-image: a file's text),
+    where walking the parsed values for such a float is cheaper than scanning the text for 19
+    digits in a row (0.3 ms of a 10 KiB body full of digits)."""
     if request.content_type != "application/json":
         return None
     try:
@@ -38,7 +40,7 @@ def json_body(request) -> Any:
         return None
     if b"\\u0000" in raw and has_nul(data):
         return None
-    if _NINETEEN_DIGITS.search(raw) and has_inexact_number(data):
+    if (few_values or _NINETEEN_DIGITS.search(raw)) and has_inexact_number(data):
         return None
     return data
 
