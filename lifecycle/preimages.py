@@ -279,8 +279,7 @@ def fast_keep(request, effect_id: str):
         effect_uuid = uuid.UUID(effect_id)
     except ValueError:
         return None
-    config = OrgConfig.of(key.org_id)
-    refused = config.rate_limited(request, key) if config else None
+    refused = OrgConfig.refusal(request, key)
     if refused is not None:
         return refused
     body = preimages.canonical(None if absent else data.get("value"))  # once: its size, digest and seal

@@ -50,6 +50,13 @@ class OrgConfig:
                                             rules_see_compensable=rules_see_compensable(org_id, tools))
         return config
 
+    @classmethod
+    def refusal(cls, request, key: RememberedKey) -> HttpResponse | None:
+        """`rate_limited` for a fast path that needs nothing else of the org's config (a commit, a
+        pre-image): the 429 when a limit is reached; None otherwise, or for an org gone."""
+        config = cls.of(key.org_id)
+        return config.rate_limited(request, key) if config else None
+
     def rate_limited(self, request, key: RememberedKey) -> HttpResponse | None:
         """Count the request against its key's and its org's rate limits (one Redis round trip, no
         query: the limits are part of this cache and of its version); the 429 when one is reached.

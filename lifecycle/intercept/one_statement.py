@@ -265,8 +265,7 @@ def commit(request, effect_id: str) -> HttpResponse | None:
         effect_uuid = uuid.UUID(effect_id)
     except ValueError:
         return None
-    config = OrgConfig.of(key.org_id)
-    refused = config.rate_limited(request, key) if config else None
+    refused = OrgConfig.refusal(request, key)
     if refused is not None:
         return refused
     result = data.get("result")
