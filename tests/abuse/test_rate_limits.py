@@ -38,6 +38,23 @@ def test_it_refuses_the_call_past_the_keys_limit_with_429_rate_limited_and_write
         assert refused.get("X-Undolog-Path") == "fast"
 
 
+def test_a_commit_past_the_keys_limit_is_refused_429_and_leaves_the_effect_uncommitted(acme, tools):
+    limit_org(acme, per_key=4)
+    session = open_session(acme)  # 1
+    first, second = (intercept(acme, session, "send_email", {"to": f"{n}@x.io"}, n).json()["effect"]["id"]
+                     for n in (1, 2))  # 2, 3
+
+    kept = acme.api.post(f"/api/v1/effects/{first}/commit", {"result": {"sent": True}}, format="json")  # 4
+    refused = acme.api.post(f"/api/v1/effects/{second}/commit", {"result": {"sent": True}}, format="json")
+
+    assert kept.status_code == 200, kept.content
+    assert refused.status_code == 429 and refused.json()["error"] == "rate_limited"
+    assert Effect.objects.get(pk=first).state == Effect.State.COMMITTED
+    assert Effect.objects.get(pk=second).state == Effect.State.EXECUTING
+    if FAST:  # refused by the commit's own fast path, before its statement
+        assert refused.get("X-Undolog-Path") == "fast"
+
+
 def test_a_keys_limit_does_not_touch_another_key_but_the_orgs_limit_holds_for_all(acme, tools):
     limit_org(acme, per_key=2, per_org=1000)
     other = make_persona("acme-two")  # another org: its own counters
