@@ -20,6 +20,8 @@ The intercept's hot paths are untouched: a tool without a declaration never reac
 
 from __future__ import annotations
 
+import re
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -42,11 +44,14 @@ from effects import preimages
 from effects.models import Effect, PreImage, Session, UndoEntry
 from lifecycle.intercept.config import OrgConfig
 from lifecycle.intercept.sql import live_key
+from lifecycle.intercept.wire import json_body, remembered_key, respond
 from orgs.auth import IsAgent
+from orgs.models import AgentKey
 from orgs.views import OrgScopedAPIView
 
 ACTOR = "pre-image"
 DIGEST = r"^sha256:[0-9a-f]{64}$"
+_DIGEST = re.compile(DIGEST[1:-1])
 
 
 class PreImageSerializer(StrictSerializer):
@@ -260,18 +265,12 @@ _FAST_FIELDS = frozenset({"value", "absent", "after_digest"})
 
 def fast_keep(request, effect_id: str):
     """The answer to a pre-image that fits its bounds, or None for the view to give it."""
-    import re
-    import uuid
-
-    from lifecycle.intercept.wire import json_body, remembered_key, respond
-    from orgs.models import AgentKey
-
     key = remembered_key(request)
     data = json_body(request, few_values=True) if key is not None else None
     if not isinstance(data, dict) or set(data) - _FAST_FIELDS:
         return None
     absent, after = data.get("absent", False), data.get("after_digest", "")
-    if not isinstance(absent, bool) or not isinstance(after, str) or (after and not re.fullmatch(DIGEST[1:-1], after)):
+    if not isinstance(absent, bool) or not isinstance(after, str) or (after and not _DIGEST.fullmatch(after)):
         return None
     if absent and data.get("value") is not None:
         return None
